@@ -1,0 +1,49 @@
+# The course's two commands:  `make lab` (set up and open JupyterLab)  and  `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Fixed seed for the checks' random cases, so a test run is reproducible.
+TEST_ENV := COURSE_CHECK_SEED=20261122 OMP_NUM_THREADS=1 MPLBACKEND=Agg
+PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile \
+          --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
+
+.PHONY: lab test test-fast status check reset build setup clean-venv
+
+lab: $(STAMP)
+	$(BIN)/course lab
+
+# Everything: course_lib unit tests, checks against wrong implementations, nbval over the
+# lessons and solutions, the inverted run over the exercises, and the browser test.
+test: $(STAMP)
+	$(BIN)/course build --check
+	$(TEST_ENV) $(PYTEST) tests notebooks solutions $(PYTEST_ARGS)
+
+# Unit tests only (no notebooks, no browser): a quick loop while writing course_lib.
+test-fast: $(STAMP)
+	$(TEST_ENV) $(BIN)/python -m pytest -n 2 -m "not browser" tests --ignore=tests/test_notebooks.py $(PYTEST_ARGS)
+
+status: $(STAMP)
+	$(BIN)/course status
+
+check: $(STAMP)
+	$(BIN)/course check $(CH)
+
+reset: $(STAMP)
+	$(BIN)/course reset $(CH)
+
+build: $(STAMP)
+	$(BIN)/course build
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "The course needs Python 3.11 or newer; run: make PYTHON=python3.11 ...")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/course setup
+	touch $(STAMP)
+
+clean-venv:
+	rm -rf $(VENV)

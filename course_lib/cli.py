@@ -1,0 +1,191 @@
+"""`course`: the learner's command line.
+
+    course lab            set up work/ and start JupyterLab on chapter 00
+    course status         every chapter's exercises: passed, failed or not started
+    course check NN       run your exercise notebook NN headless and report each check
+    course reset NN       fresh exercise notebook NN (yours is backed up first); --lesson for the lesson
+    course sync           copy new or updated course notebooks into work/
+    course setup          one-time setup: Jupyter kernel, Graphviz, work/
+    course build [--check]    (course authors) regenerate exercises/ from solutions/
+    course execute PATH...    (course authors) re-run notebooks in place
+    course new SCRIPT OUT     (course authors) a notebook from a percent-format script
+"""
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from course_lib import REPO_DIR, build, nbtools, progress, workspace
+
+GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
+
+
+def cmd_sync(args=None):
+    for what, path in workspace.sync():
+        print(f"{what}: {path.relative_to(REPO_DIR) if path.is_relative_to(REPO_DIR) else path}")
+
+
+def cmd_status(args):
+    done = progress.load()
+    total = passed = 0
+    for _, ex in build.pairs():
+        chapter = ex.name[:2]
+        names = build.check_names(nbtools.read(ex))
+        results = done.get(chapter, {})
+        print(f"\n{ex.stem}")
+        for name in names:
+            r = results.get(name)
+            total += 1
+            if r is None:
+                print(f"  {'not started':12s} {name}")
+            elif r["passed"]:
+                passed += 1
+                print(f"  {GREEN}{'passed':12s}{RESET} {name}")
+            else:
+                print(f"  {RED}{'failed':12s}{RESET} {name}  ({r['message'].splitlines()[0][:70]})")
+    print(f"\n{passed} of {total} exercises passed.")
+
+
+def check_notebook(path, timeout=600):
+    """Run a notebook headless in its own folder; return [(check name, passed, message)]."""
+    nb = nbtools.execute(nbtools.read(path), cwd=path.parent, timeout=timeout, allow_errors=True)
+    results = []
+    for cell in nb.cells:
+        if not build.is_check(cell):
+            continue
+        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        for name in build.CHECK_CALL.findall(cell.source):
+            msg = f"{errors[0].ename}: {errors[0].evalue}" if errors else ""
+            results.append((name, not errors, msg))
+    return results
+
+
+def cmd_check(args):
+    path = workspace.workspace_dir() / "exercises" / workspace.find(args.chapter).name
+    if not path.exists():
+        cmd_sync()
+    print(f"running {path} ...")
+    results = check_notebook(path)
+    for name, ok, msg in results:
+        mark = f"{GREEN}passed{RESET}" if ok else f"{RED}failed{RESET}"
+        first = msg.splitlines()[0][:100] if msg else ""
+        print(f"  {mark}  {name}  {first}")
+    n = sum(ok for _, ok, _ in results)
+    print(f"{n} of {len(results)} checks passed.")
+    return 0 if n == len(results) else 1
+
+
+def cmd_reset(args):
+    kind = "notebooks" if args.lesson else "exercises"
+    saved = workspace.reset(args.chapter, kind)
+    print(f"fresh copy: work/{kind}/{workspace.find(args.chapter, kind).name}")
+    print(f"your previous copy is saved as {saved}" if saved else "(there was no previous copy)")
+
+
+def cmd_build(args):
+    problems = {s.name: build.lint(nbtools.read(s)) for s, _ in build.pairs()}
+    for name, found in problems.items():
+        for p in found:
+            print(f"{name}: {p}")
+    stale = build.build(check_only=args.check)
+    for path in stale:
+        print(("out of date: " if args.check else "wrote ") + str(path.relative_to(REPO_DIR)))
+    return 1 if (args.check and stale) or any(problems.values()) else 0
+
+
+def cmd_execute(args):
+    for p in args.paths:
+        p = Path(p)
+        nb = nbtools.execute(nbtools.read(p), cwd=p.parent.resolve(), timeout=args.timeout)
+        nbtools.write(nbtools.clean_metadata(nb), p)
+        print(f"executed {p}")
+
+
+def cmd_new(args):
+    nbtools.write(nbtools.from_script(Path(args.script).read_text()), args.out)
+
+
+def install_kernel():
+    """Register this environment's kernel, with the CUDA device choice made once here."""
+    from course_lib import device
+
+    cmd = [sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3",
+           "--display-name", "Python 3 (course)"]
+    if not device.gpu_present():
+        cmd += ["--env", "NUMBA_ENABLE_CUDASIM", "1"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    print("Jupyter kernel: " + ("GPU found, kernels run on it" if "--env" not in cmd
+                                else "no GPU found, CUDA kernels will use Numba's simulator"))
+
+
+def ensure_dot():
+    if shutil.which("dot"):
+        return True
+    if platform.system() == "Linux" and os.geteuid() == 0 and shutil.which("apt-get"):
+        print("Installing Graphviz (apt-get install graphviz) ...")
+        subprocess.run(["apt-get", "install", "-y", "-qq", "graphviz"], check=False,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if shutil.which("dot"):
+            return True
+    print(f"{YELLOW}Graphviz's `dot` is missing, so graph pictures will not render. Install it with:\n"
+          "  Debian/Ubuntu: sudo apt-get install graphviz\n  macOS:         brew install graphviz\n"
+          f"  conda:         conda install -c conda-forge graphviz{RESET}")
+    return False
+
+
+def cmd_setup(args):
+    install_kernel()
+    ensure_dot()
+    cmd_sync()
+
+
+def cmd_lab(args):
+    cmd_sync()
+    ensure_dot()
+    root = workspace.workspace_dir()
+    argv = [sys.executable, "-m", "jupyter", "lab", "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.root_dir={root}", "--LabApp.default_url=/lab/tree/notebooks/00_welcome.ipynb"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        argv.append("--allow-root")
+    argv += args.jupyter_args
+    os.execv(sys.executable, argv)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="course", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("status").set_defaults(fn=cmd_status)
+    sub.add_parser("sync").set_defaults(fn=cmd_sync)
+    sub.add_parser("setup").set_defaults(fn=cmd_setup)
+    q = sub.add_parser("check")
+    q.add_argument("chapter")
+    q.set_defaults(fn=cmd_check)
+    q = sub.add_parser("reset")
+    q.add_argument("chapter")
+    q.add_argument("--lesson", action="store_true", help="reset the lesson notebook instead")
+    q.set_defaults(fn=cmd_reset)
+    q = sub.add_parser("build")
+    q.add_argument("--check", action="store_true", help="only report stale exercise notebooks")
+    q.set_defaults(fn=cmd_build)
+    q = sub.add_parser("execute")
+    q.add_argument("paths", nargs="+")
+    q.add_argument("--timeout", type=int, default=600)
+    q.set_defaults(fn=cmd_execute)
+    q = sub.add_parser("new")
+    q.add_argument("script")
+    q.add_argument("out")
+    q.set_defaults(fn=cmd_new)
+    q = sub.add_parser("lab")
+    q.add_argument("jupyter_args", nargs=argparse.REMAINDER)
+    q.set_defaults(fn=cmd_lab)
+    args = p.parse_args(argv)
+    return args.fn(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

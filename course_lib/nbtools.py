@@ -1,0 +1,68 @@
+"""Notebook plumbing with nbformat and nbclient: read, write, execute, and author from text.
+
+Authoring format for `from_script` (the "percent" format): cells are separated by lines
+starting with `# %%`. `# %% [markdown]` starts a markdown cell whose lines are comments
+(`# text`). Tags go in brackets at the end: `# %% tags=["check", "nbval-ignore-output"]`.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+KERNEL = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
+def read(path):
+    return nbformat.read(str(path), as_version=4)
+
+
+def dumps(nb):
+    """The notebook as text, byte-for-byte stable for the same content."""
+    return nbformat.writes(nb) + "\n"
+
+
+def write(nb, path):
+    nbformat.validate(nb)
+    Path(path).write_text(dumps(nb), encoding="utf-8")
+
+
+def execute(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3"):
+    """Run every cell in a fresh kernel started in `cwd`; returns the executed notebook."""
+    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=allow_errors,
+                            resources={"metadata": {"path": str(cwd)}})
+    client.execute()
+    return nb
+
+
+def clean_metadata(nb):
+    """Drop per-run metadata (timings, widget state) so re-running changes only outputs."""
+    nb.metadata.pop("widgets", None)
+    nb.metadata["kernelspec"] = dict(KERNEL)
+    nb.metadata.setdefault("language_info", {"name": "python"})
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+        cell.metadata.pop("collapsed", None)
+        cell.metadata.pop("scrolled", None)
+    return nb
+
+
+def from_script(text):
+    """Build a notebook from the percent format described in the module docstring."""
+    nb = nbformat.v4.new_notebook()
+    chunks = re.split(r"^# %%", text, flags=re.M)
+    for chunk in chunks[1:]:
+        header, _, body = chunk.partition("\n")
+        tags = json.loads(m.group(1)) if (m := re.search(r"tags=(\[.*\])", header)) else []
+        body = body.strip("\n")
+        if "[markdown]" in header:
+            body = "\n".join(re.sub(r"^# ?", "", line) for line in body.splitlines())
+            cell = nbformat.v4.new_markdown_cell(body)
+        else:
+            cell = nbformat.v4.new_code_cell(body)
+        if tags:
+            cell.metadata["tags"] = tags
+        nb.cells.append(cell)
+    return clean_metadata(nb)

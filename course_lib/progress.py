@@ -1,0 +1,50 @@
+"""The learner's progress: the last result of every check, kept in work/.progress.json.
+
+A check records its result only when it runs from inside the learner's workspace
+(work/), so running the reference solutions elsewhere never marks anything as passed.
+`course status` reads this file.
+"""
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from course_lib import REPO_DIR
+
+
+def workspace_dir():
+    return Path(os.environ.get("COURSE_WORKSPACE", REPO_DIR / "work")).resolve()
+
+
+def progress_file():
+    return Path(os.environ.get("COURSE_PROGRESS_FILE", workspace_dir() / ".progress.json"))
+
+
+def should_record():
+    if os.environ.get("COURSE_PROGRESS_FILE"):
+        return True
+    return Path.cwd().resolve().is_relative_to(workspace_dir())
+
+
+def load():
+    """{chapter: {exercise: {"passed": bool, "message": str, "time": str}}}"""
+    try:
+        return json.loads(progress_file().read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def record(chapter, exercise, passed, message=""):
+    if not should_record():
+        return
+    data = load()
+    data.setdefault(chapter, {})[exercise] = {
+        "passed": bool(passed), "message": message[:300], "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    path = progress_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".progress-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
