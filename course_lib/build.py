@@ -58,7 +58,8 @@ def build(check_only=False, repo=REPO_DIR):
 
 
 def is_exercise(cell):
-    return cell.cell_type == "code" and BEGIN in cell.source
+    """A solution cell (with markers) or its generated stub."""
+    return cell.cell_type == "code" and (BEGIN in cell.source or "# YOUR CODE HERE" in cell.source)
 
 
 def is_check(cell):

@@ -1,7 +1,7 @@
 """The learner's progress: the last result of every check, kept in work/.progress.json.
 
-A check records its result only when it runs from inside the learner's workspace
-(work/), so running the reference solutions elsewhere never marks anything as passed.
+A check records its result only when it runs from the learner's exercise notebooks
+(work/exercises/), so the lessons and the reference solutions never mark anything.
 `course status` reads this file.
 """
 
@@ -25,7 +25,7 @@ def progress_file():
 def should_record():
     if os.environ.get("COURSE_PROGRESS_FILE"):
         return True
-    return Path.cwd().resolve().is_relative_to(workspace_dir())
+    return Path.cwd().resolve().is_relative_to(workspace_dir() / "exercises")
 
 
 def load():

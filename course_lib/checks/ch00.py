@@ -68,7 +68,7 @@ def numerical_gradient(numerical_gradient):
         assert_close(yours, t.grad.numpy(), what=f"the gradient for an input of shape {shape}",
                      rtol=1e-6, atol=1e-7, inputs={"x": x},
                      hint="nudge one element at a time (np.ndindex walks every index) and keep the other elements fixed.")
-    return f"{len(shapes)} random functions, shapes {', '.join(str(s) for s in shapes)}"
+    return "3 random functions of 1-D, 2-D and 3-D inputs"
 
 
 def _relative_error(a, b):

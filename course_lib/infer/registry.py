@@ -1,0 +1,47 @@
+"""The op registry: (op name, opset) -> a numpy kernel. Adding an op is one small decorated function.
+
+    @register("Relu", since=6)
+    def relu(x):
+        return np.maximum(x, 0)
+
+A kernel takes the node's inputs as positional numpy arrays (None for a left-out optional
+input) and its attributes as keyword arguments, and returns an array or a tuple of arrays.
+When several versions of an op exist, the one with the highest `since` <= the model's opset wins.
+"""
+
+import inspect
+
+KERNELS = {}  # (domain, op_type) -> [(since, function, accepted attribute names or None for any)]
+
+
+class Unsupported(NotImplementedError):
+    """The engine has no kernel for this op, opset, attribute or dtype. Never a wrong answer."""
+
+
+def register(op_type, since=1, domain=""):
+    def add(fn):
+        params = inspect.signature(fn).parameters.values()
+        names = None if any(p.kind is p.VAR_KEYWORD for p in params) else \
+            {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+        versions = KERNELS.setdefault((domain, op_type), [])
+        versions.append((since, fn, names))
+        versions.sort(key=lambda v: v[0])
+        return fn
+    return add
+
+
+def lookup(op_type, opset, domain=""):
+    """The kernel for `op_type` at `opset`, as (function, accepted attribute names); raises Unsupported."""
+    if domain == "ai.onnx":
+        domain = ""
+    versions = KERNELS.get((domain, op_type))
+    if not versions:
+        raise Unsupported(f"unknown op {op_type!r}" + (f" in domain {domain!r}" if domain else ""))
+    usable = [v for v in versions if v[0] <= opset]
+    if not usable:
+        raise Unsupported(f"op {op_type!r} has no kernel for opset {opset} (the oldest is opset {versions[0][0]})")
+    return usable[-1][1], usable[-1][2]
+
+
+def supported_ops():
+    return sorted(op if not d else f"{d}.{op}" for d, op in KERNELS)

@@ -1,0 +1,38 @@
+"""Test-suite wiring: GPU-only tests are skipped visibly, and listed at the end of the run."""
+
+import os
+
+import pytest
+
+from course_lib import device
+
+
+def pytest_collection_modifyitems(config, items):
+    if device.gpu_present():
+        return
+    skip = pytest.mark.skip(reason="needs a real CUDA GPU; none found, so CUDA code was tested on the simulator")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "gpu" in getattr(r, "keywords", {})]
+    if skipped:
+        terminalreporter.write_line(
+            f"GPU-only tests skipped: {len(skipped)} (no GPU on this machine; "
+            "the CUDA code ran on Numba's simulator instead)", yellow=True)
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    """An empty learner workspace in a temporary folder."""
+    work = tmp_path / "work"
+    monkeypatch.setenv("COURSE_WORKSPACE", str(work))
+    monkeypatch.delenv("COURSE_PROGRESS_FILE", raising=False)
+    return work
+
+
+@pytest.fixture(scope="session")
+def in_ci():
+    return bool(os.environ.get("CI"))

@@ -1,0 +1,67 @@
+"""Exercise generation and the notebook conventions."""
+
+import nbformat
+
+from course_lib import build, nbtools
+
+SCRIPT = '''# %% [markdown]
+# Write `square`. *About 1 line.*
+
+# %%
+def square(x):
+    """Return x squared."""
+    ### BEGIN SOLUTION
+    return x * x
+    ### END SOLUTION
+
+# %% tags=["check"]
+check.square(square)
+'''
+
+
+def test_from_script_makes_cells_with_tags():
+    nb = nbtools.from_script(SCRIPT)
+    assert [c.cell_type for c in nb.cells] == ["markdown", "code", "code"]
+    assert nb.cells[2].metadata["tags"] == ["check"]
+    assert nb.cells[0].source == "Write `square`. *About 1 line.*"
+    nbformat.validate(nb)
+
+
+def test_make_exercise_stubs_regions_and_clears_outputs():
+    nb = nbtools.from_script(SCRIPT)
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="hi")]
+    nb.cells[1].execution_count = 3
+    ex = build.make_exercise(nb)
+    src = ex.cells[1].source
+    assert "x * x" not in src and build.BEGIN not in src
+    assert "    # YOUR CODE HERE\n    raise NotImplementedError(" in src
+    assert src.startswith('def square(x):\n    """Return x squared."""\n')
+    assert ex.cells[1].outputs == [] and ex.cells[1].execution_count is None
+    assert nb.cells[1].outputs, "the solution notebook itself must not change"
+    assert ex.cells[0] == nb.cells[0] and ex.cells[2].source == nb.cells[2].source
+
+
+def test_make_exercise_handles_several_regions_and_top_level_code():
+    nb = nbtools.from_script("# %%\n### BEGIN SOLUTION\na = 1\n### END SOLUTION\nb = 2\n"
+                             "for i in range(3):\n    ### BEGIN SOLUTION\n    a += i\n    ### END SOLUTION\n")
+    src = build.make_exercise(nb).cells[0].source
+    assert src.count("raise NotImplementedError") == 2
+    assert "b = 2" in src and "a = 1" not in src and "a += i" not in src
+
+
+def test_exercise_text_is_stable():
+    nb = nbtools.from_script(SCRIPT)
+    assert nbtools.dumps(build.make_exercise(nb)) == nbtools.dumps(build.make_exercise(nb))
+
+
+def test_lint_finds_missing_size_and_missing_check():
+    nb = nbtools.from_script(SCRIPT)
+    assert build.lint(nb) == []
+    nb.cells[0].source = "Write `square`."
+    assert any("rough size" in p for p in build.lint(nb))
+    nb.cells[2].metadata["tags"] = []
+    assert any("tagged 'check'" in p for p in build.lint(nb))
+
+
+def test_check_names():
+    assert build.check_names(nbtools.from_script(SCRIPT)) == ["square"]

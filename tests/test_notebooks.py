@@ -1,0 +1,43 @@
+"""The exercise pipeline: exercises/ is generated from solutions/, and its checks are honest.
+
+nbval (run by `make test` over notebooks/ and solutions/) proves every check passes on the
+reference answers. Here we prove the converse: run each exercise notebook untouched, and
+every check cell must fail with CheckFailed (the idea of nbgrader's `validate --invert`).
+"""
+
+import pytest
+
+from course_lib import REPO_DIR, build, nbtools
+
+EXERCISES = sorted((REPO_DIR / "exercises").glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_exercises_are_up_to_date():
+    stale = build.build(check_only=True)
+    assert not stale, f"exercises/ is out of date with solutions/: {[p.name for p in stale]}; run `course build`"
+
+
+@pytest.mark.parametrize("solution", build.pairs(), ids=lambda p: p[0].stem if isinstance(p, tuple) else p)
+def test_solution_notebook_follows_conventions(solution):
+    sol, _ = solution
+    nb = nbtools.read(sol)
+    assert nb.cells and build.check_names(nb), f"{sol.name} has no check cells"
+    assert not build.lint(nb), f"{sol.name}: " + "; ".join(build.lint(nb))
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.stem)
+def test_untouched_exercises_fail_every_check(path):
+    nb = nbtools.execute(nbtools.read(path), cwd=path.parent, timeout=300, allow_errors=True)
+    checks = [c for c in nb.cells if build.is_check(c)]
+    assert checks, f"{path.name} has no check cells"
+    for cell in nb.cells:
+        if build.is_exercise(cell):
+            break
+        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        assert not errors, f"{path.name}: a set-up cell failed before the first exercise:\n{cell.source}\n{errors[0].evalue}"
+    for cell in checks:
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        assert errors, f"{path.name}: this check PASSED on the untouched stub, so it cannot tell:\n{cell.source}"
+        assert errors[0].ename == "CheckFailed", (
+            f"{path.name}: this check failed with {errors[0].ename} instead of CheckFailed, so the learner "
+            f"sees a bare traceback:\n{cell.source}\n{errors[0].evalue}")
