@@ -29,6 +29,13 @@ _seed = None
 class CheckFailed(AssertionError):
     """Your code gave a different answer than the reference. The message says how."""
 
+    def _render_traceback_(self):
+        """How IPython shows it: the message alone, since the checker's frames would only distract.
+        When your own code raised, IPython falls back to the full traceback, which points into it."""
+        if self.__cause__ is not None:
+            raise NotImplementedError
+        return [f"{RED}CheckFailed{RESET}: {self}"]
+
 
 def rng():
     """The random generator of the check that is running (seeded per run; see `exercise`)."""

@@ -1,0 +1,96 @@
+"""A learner's first minutes, in a real browser: JupyterLab opens chapter 00, Run All Cells
+works through the UI, and the graph picture and the check's green line appear.
+
+Needs Debian's `chromium` (driven by Playwright from PyPI; no browser download). Outside CI
+the test is skipped, visibly, when chromium is missing; in CI it must run.
+"""
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from course_lib import REPO_DIR
+
+pytestmark = pytest.mark.browser
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on 127.0.0.1 with token auth, serving a copy of the welcome notebook."""
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(REPO_DIR / "notebooks/00_welcome.ipynb", root)
+    settings = tmp_path / "settings/@jupyterlab/apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
+    argv = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
+    if os.geteuid() == 0:
+        argv.append("--allow-root")
+    server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None, server.stderr.read().decode()[-2000:]
+                time.sleep(0.5)
+        with pytest.raises(urllib.error.HTTPError):  # token authentication is on
+            urllib.request.urlopen(f"{base}/api/status", timeout=5)
+        yield base, token
+    finally:
+        for kernel in json.loads(urllib.request.urlopen(f"{base}/api/kernels?token={token}", timeout=5).read()):
+            req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
+            urllib.request.urlopen(req, timeout=10)
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_welcome_notebook_runs_in_jupyterlab(lab, in_ci):
+    if CHROMIUM is None:
+        if in_ci:
+            pytest.fail("chromium is missing in CI; .ci/run installs it")
+        pytest.skip("chromium is not installed (apt-get install chromium) so the browser test cannot run")
+    from playwright.sync_api import sync_playwright
+
+    base, token = lab
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        page.goto(f"{base}/lab/tree/00_welcome.ipynb?token={token}")
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        page.wait_for_selector(".jp-RenderedSVG img", timeout=120_000)
+        passed = page.locator(".jp-OutputArea-output", has_text="numerical_derivative passed")
+        passed.first.wait_for(timeout=60_000)
+        failed = page.locator(".jp-OutputArea-output", has_text="CheckFailed")
+        assert failed.count() >= 1, "the failing-check demo should show its error"
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+        images = page.locator(".jp-RenderedImage img")
+        assert images.count() >= 1, "the moons scatter plot did not render"
+        if os.environ.get("COURSE_SCREENSHOT"):
+            page.screenshot(path=os.environ["COURSE_SCREENSHOT"], full_page=True)
+        browser.close()
