@@ -180,10 +180,11 @@ def main(argv=None):
     q.add_argument("script")
     q.add_argument("out")
     q.set_defaults(fn=cmd_new)
-    q = sub.add_parser("lab")
-    q.add_argument("jupyter_args", nargs=argparse.REMAINDER)
-    q.set_defaults(fn=cmd_lab)
-    args = p.parse_args(argv)
+    sub.add_parser("lab", help="extra arguments go to jupyter lab").set_defaults(fn=cmd_lab)
+    args, extra = p.parse_known_args(argv)
+    if extra and args.cmd != "lab":
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.jupyter_args = extra
     return args.fn(args) or 0
 
 
