@@ -1,0 +1,105 @@
+"""Graph-to-graph optimization passes: what a define-then-run design buys.
+
+Every pass takes the nodes a program fetches and returns new fetches computing the same
+values with fewer (or cheaper) nodes. Passes never change placeholders or variables.
+"""
+
+import numpy as np
+
+from course_lib.graph import ops
+from course_lib.graph.node import Graph, topo_order
+
+
+def count_nodes(outputs):
+    return len(topo_order(outputs))
+
+
+def rewrite(outputs, rule):
+    """Rebuild the graph bottom-up. rule(node) returns a replacement node, or None to keep it.
+
+    rule sees each node with its inputs already rewritten, so rewrites compose in one sweep.
+    """
+    new = {}
+    for node in topo_order(outputs):
+        inputs = [new[i] for i in node.inputs]
+        current = node if all(a is b for a, b in zip(inputs, node.inputs)) else node.with_inputs(inputs)
+        replacement = rule(current)
+        new[node] = current if replacement is None else replacement
+    return [new[o] for o in outputs]
+
+
+def fold_constants(outputs):
+    """Compute now every node whose inputs are all constants."""
+    def rule(node):
+        if node.inputs and node.op.name != "assign" and all(i.op.name == "constant" for i in node.inputs):
+            return ops.constant(node.op.compute(node, *[i.attrs["value"] for i in node.inputs]))
+    return rewrite(outputs, rule)
+
+
+COMMUTATIVE = {"add", "mul"}
+
+
+def signature(node):
+    """Two nodes with the same signature compute the same value. None: never merge."""
+    name = node.op.name
+    if name in ("placeholder", "variable", "assign"):
+        return None
+    if name == "constant":
+        v = node.attrs["value"]
+        return (name, v.shape, v.tobytes())
+    ids = [i.id for i in node.inputs]
+    if name in COMMUTATIVE:
+        ids.sort()
+    return (name, tuple(ids), tuple(sorted((k, repr(v)) for k, v in node.attrs.items())))
+
+
+def eliminate_common_subexpressions(outputs):
+    """Compute each distinct expression once: later duplicates reuse the first."""
+    first = {}
+
+    def rule(node):
+        key = signature(node)
+        return None if key is None else first.setdefault(key, node)
+    return rewrite(outputs, rule)
+
+
+def _is(node, number):
+    return node.op.name == "constant" and bool(np.all(node.attrs["value"] == number))
+
+
+def simplify(outputs):
+    """Algebraic identities: x*1, 1*x, x/1, x+0, 0+x, x-0 and x**1 become x.
+
+    Only when the result has x's shape: x + zeros((3, 4)) with x of shape (4,) broadcasts,
+    so it is not x.
+    """
+    def rule(node):
+        name, inputs = node.op.name, node.inputs
+        if name == "pow" and node.attrs["p"] == 1:
+            return inputs[0]
+        if len(inputs) != 2:
+            return None
+        a, b = inputs
+        if (name == "mul" and _is(b, 1)) or (name in ("add", "sub") and _is(b, 0)) or (name == "div" and _is(b, 1)):
+            return a if a.shape == node.shape else None
+        if (name == "mul" and _is(a, 1)) or (name == "add" and _is(a, 0)):
+            return b if b.shape == node.shape else None
+    return rewrite(outputs, rule)
+
+
+def eliminate_dead_nodes(graph, outputs):
+    """A new Graph holding only the nodes that the outputs need."""
+    live = set(topo_order(outputs))
+    pruned = Graph()
+    pruned.nodes = [n for n in graph.nodes if n in live]
+    return pruned
+
+
+def optimize(outputs, passes=(simplify, fold_constants, eliminate_common_subexpressions)):
+    """Apply the passes until the node count stops falling."""
+    while True:
+        before = count_nodes(outputs)
+        for p in passes:
+            outputs = p(outputs)
+        if count_nodes(outputs) >= before:
+            return outputs
