@@ -1,0 +1,328 @@
+"""Checks for chapter 03, graph mode: executor, gradient rules, gradients(), passes, training."""
+
+import numpy as np
+import torch
+
+from course_lib import graph as G
+from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng
+from course_lib.graph import ops
+
+# ---- random graphs, and the same graphs evaluated by torch (the oracle) --------------------
+
+_TORCH = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "exp": lambda a: torch.exp(torch.tanh(a)),
+          "sigmoid": torch.sigmoid, "sum": lambda a: a.sum()}
+
+
+def _random_dag(n_inputs=3, n_ops=12, size=None):
+    """Placeholders of one odd size and ops drawn at random, reusing earlier nodes (diamonds)."""
+    size = size or int(rng().choice([3, 5, 7]))
+    xs = [G.placeholder((size,), name=f"x{i}") for i in range(n_inputs)]
+    nodes, recipe = list(xs), []
+    for _ in range(n_ops):
+        kind = str(rng().choice(["add", "sub", "mul", "mul", "exp", "sigmoid"]))
+        a = nodes[int(rng().integers(len(nodes)))]
+        if kind in ("exp", "sigmoid"):
+            node = G.exp(a.sigmoid() * 2.0 - 1.0) if kind == "exp" else a.sigmoid()
+            recipe.append((kind, nodes.index(a), None))
+        else:
+            b = nodes[int(rng().integers(len(nodes)))]
+            node = getattr(ops, kind)(a, b)
+            recipe.append((kind, nodes.index(a), nodes.index(b)))
+        nodes.append(node)
+    y = (nodes[-1] * nodes[-2] + nodes[-3]).sum()
+    return xs, nodes, y, recipe, size
+
+
+def _torch_eval(recipe, values):
+    ts = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in values]
+    nodes = list(ts)
+    for kind, i, j in recipe:
+        a = nodes[i]
+        if kind == "exp":
+            nodes.append(torch.exp(torch.sigmoid(a) * 2.0 - 1.0))
+        elif kind == "sigmoid":
+            nodes.append(torch.sigmoid(a))
+        else:
+            nodes.append(_TORCH[kind](a, nodes[j]))
+    return ts, (nodes[-1] * nodes[-2] + nodes[-3]).sum()
+
+
+class _Spy(ops.Op):
+    """An op that records when it is computed: it must not be, outside a fetch's subgraph."""
+    name = "spy"
+
+    def __init__(self):
+        self.calls = 0
+
+    def compute(self, node, a):
+        self.calls += 1
+        return a
+
+
+# ---- 1. topological order -------------------------------------------------------------------
+
+@exercise
+def topo_order(topo_order):
+    for trial in range(4):
+        with G.Graph() as g:
+            xs, nodes, y, _, _ = _random_dag(n_ops=10 + trial * 3)
+            extra = (nodes[3] * 5.0).exp()  # not needed by y
+            fetches = [y] if trial % 2 == 0 else [y, nodes[5]]
+            yours = topo_order(fetches)
+        require(isinstance(yours, list), f"topo_order should return a list of nodes, got {type(yours).__name__}.")
+        names = [getattr(n, "name", n) for n in yours]
+        dupes = {n for n in names if names.count(n) > 1}
+        require(not dupes, f"these nodes appear more than once: {sorted(dupes)}.",
+                hint="a node reached by two paths (a diamond) must be visited once: keep a `seen` set.")
+        expected = set(G.topo_order(fetches))
+        outside = [n.name for n in yours if n not in expected]
+        require(not outside, f"your order includes nodes the fetches do not need: {outside}.",
+                hint="walk backwards from the fetches through inputs only; never list the whole graph.")
+        missing = [n.name for n in expected if n not in set(yours)]
+        require(not missing, f"your order misses nodes the fetches need: {missing}.")
+        position = {n: i for i, n in enumerate(yours)}
+        for n in yours:
+            for i in n.inputs:
+                require(position[i] < position[n],
+                        f"{n.name} comes before its input {i.name}: every node must come after all of its inputs.",
+                        hint="append a node only after all its inputs are done (post-order).")
+    with G.Graph():
+        x = G.placeholder(())
+        y = x
+        for _ in range(20_000):
+            y = y * 1.5
+    try:
+        order = topo_order([y])
+    except RecursionError:
+        raise CheckFailed("RecursionError on a chain of 20,000 nodes: Python's stack is too shallow for a "
+                          "recursive walk.\n  hint: keep your own stack (a list) of nodes still to visit.") from None
+    require(len(order) == 40_001 and order[0] is x and order[-1] is y,
+            f"on a chain of 20,000 multiplications the order should have 40,001 nodes from x to y; got {len(order)}.")
+    return "4 random graphs and a 20,000-node chain"
+
+
+# ---- 2. the executor --------------------------------------------------------------------------
+
+@exercise
+def run_graph(run_graph):
+    for _ in range(3):
+        spy = _Spy()
+        with G.Graph():
+            xs, nodes, y, _, size = _random_dag()
+            w = G.variable(rng().normal(size=(size,)), name="w")
+            out = y * (w * w).sum()
+            unrelated = spy(nodes[2] + 1.0)  # in the graph, but not needed by `out`
+            values = [rng().normal(size=(size,)) for _ in xs]
+            feed = dict(zip(xs, values))
+            yours = run_graph([out, nodes[4]], feed)
+        require(spy.calls == 0, "your executor computed a node that the fetches do not need.",
+                hint="evaluate only topo_order(fetches), not every node of the graph.")
+        require(isinstance(yours, (list, tuple)) and len(yours) == 2,
+                f"run_graph should return one value per fetch (a list of 2), got {fmt(yours)}.")
+        expected = G.Session().run([out, nodes[4]], feed)
+        for k, (a, b) in enumerate(zip(yours, expected)):
+            assert_close(a, b, what=f"the value of fetch {k}", rtol=1e-12, atol=1e-12,
+                         hint="placeholders take their value from feed_dict, variables their `init`, "
+                              "and every other node node.op.compute(node, *input_values).")
+    return "3 random graphs with feeds, a variable and a node off the path"
+
+
+# ---- 3-5. gradient rules as graph nodes ---------------------------------------------------
+
+def _vjp(fn_torch, arrays, g):
+    ts = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in arrays]
+    out = fn_torch(*ts)
+    return [t.numpy() for t in torch.autograd.grad(out, ts, grad_outputs=torch.tensor(g))]
+
+
+def _check_rule(rule, build, fn_torch, shapes, what, mistakes_of):
+    for sa, sb in shapes:
+        with G.Graph():
+            inputs = [G.placeholder(s, name=n) for s, n in zip((sa, sb), "ab") if s is not None]
+            node = build(*inputs)
+            g = G.placeholder(node.shape, name="g")
+            grads = rule(node, g)
+        require(isinstance(grads, (list, tuple)) and len(grads) == len(inputs),
+                f"a gradient rule returns a list with one gradient node per input ({len(inputs)}), got {fmt(grads)}.")
+        values = [rng().normal(size=s) for s in (sa, sb) if s is not None]
+        G_val = rng().normal(size=node.shape)
+        feed = {**dict(zip(inputs, values)), g: G_val}
+        expected = _vjp(fn_torch, values, G_val)
+        for k, (gn, e) in enumerate(zip(grads, expected)):
+            require(isinstance(gn, G.Node), f"the gradient for input {'ab'[k]} must be a graph node, got {fmt(gn)}.",
+                    hint="build it from graph ops (g * b, ops.sum_to(...), ...); do not compute numbers here.")
+            got = G.Session().run(gn, feed)
+            assert_close(got, e, what=f"the gradient for {'ab'[k]} of {what} with shapes {sa} and {sb}",
+                         rtol=1e-10, atol=1e-12, mistakes=mistakes_of(k, values, G_val))
+    return f"{len(shapes)} shape cases against torch.autograd"
+
+
+@exercise
+def mul_gradient(mul_gradient):
+    n, m = (int(v) for v in rng().choice([3, 5, 7], size=2, replace=False))
+    shapes = [((n, m), (n, m)), ((n, m), (m,)), ((n, 1), (1, m)), ((), (n,))]
+
+    def mistakes(k, values, g):
+        a, b = values
+        return {"swapped: the gradient for a is g * b (and for b it is g * a)": g * (a if k == 0 else b),
+                "each gradient must have its input's shape: sum over the broadcast dimensions "
+                "with ops.sum_to(grad, input)": g * (b if k == 0 else a)}
+    return _check_rule(mul_gradient, lambda a, b: a * b, torch.mul, shapes, "a * b", mistakes)
+
+
+@exercise
+def matmul_gradient(matmul_gradient):
+    n, k, m = (int(v) for v in rng().choice([2, 3, 5, 7], size=3, replace=False))
+    s = int(rng().choice([3, 5]))
+    shapes = [((n, k), (k, m)), ((s, s), (s, s)), ((1, k), (k, n))]
+
+    def mistakes(i, values, g):
+        a, b = values
+        return {"for a it is g @ b.T (transpose b)": g @ b if g.shape[1] == b.shape[0] else None,
+                "for b it is a.T @ g (transpose a)": a @ g if a.shape[1] == g.shape[0] else None,
+                "the order matters: g @ b.T for a, and a.T @ g for b": (b @ g.T if i == 0 else g.T @ a)
+                if (b.shape[1] == g.shape[1] and i == 0) or (i == 1 and g.shape[0] == a.shape[0]) else None}
+    return _check_rule(matmul_gradient, lambda a, b: a @ b, torch.matmul, shapes, "a @ b", mistakes)
+
+
+@exercise
+def sum_gradient(sum_gradient):
+    n, m, p = (int(v) for v in rng().choice([2, 3, 5, 7], size=3, replace=False))
+    cases = [((n, m), 0, False), ((n, m), 1, True), ((n, m, p), (0, 2), False), ((n, m), None, False),
+             ((n, m, p), 1, True)]
+    for shape, dim, keep in cases:
+        _check_rule(lambda node, g: sum_gradient(node, g), lambda a: G.reduce_sum(a, dim, keep),
+                    lambda a: a.sum(dim=dim, keepdim=keep) if dim is not None else a.sum(),
+                    [(shape, None)], f"sum(a, dim={dim}, keepdim={keep})", lambda k, v, g: {})
+    return f"{len(cases)} reductions against torch.autograd"
+
+
+# ---- 6. gradients() -------------------------------------------------------------------------
+
+def _overwriting_gradients(y, xs):
+    order = G.topo_order([y])
+    adj = {y: ops.ones_like(y)}
+    for node in reversed(order):
+        if node in adj and node.inputs:
+            for inp, gi in zip(node.inputs, node.op.gradient(node, adj[node])):
+                if gi is not None:
+                    adj[inp] = gi
+    return [adj.get(x, ops.zeros_like(x)) for x in xs]
+
+
+@exercise
+def gradients(gradients):
+    for _ in range(4):
+        with G.Graph():
+            xs, nodes, y, recipe, size = _random_dag(n_ops=14)
+            yours = gradients(y, xs)
+            wrong = _overwriting_gradients(y, xs)
+        require(isinstance(yours, (list, tuple)) and len(yours) == len(xs),
+                f"gradients(y, xs) returns one node per x ({len(xs)}), got {fmt(yours)}.")
+        values = [rng().normal(size=(size,)) for _ in xs]
+        feed = dict(zip(xs, values))
+        ts, ty = _torch_eval(recipe, values)
+        expected = torch.autograd.grad(ty, ts, allow_unused=True)
+        wrong_vals = G.Session().run(wrong, feed)
+        for k, (node, e) in enumerate(zip(yours, expected)):
+            e = np.zeros(size) if e is None else e.numpy()
+            assert_close(G.Session().run(node, feed), e, what=f"dy/dx{k}", rtol=1e-9, atol=1e-12,
+                         mistakes={"a node used by several others gets the SUM of the gradients from every path: "
+                                   "add to the adjoint when it already has one, do not overwrite it": wrong_vals[k]},
+                         hint="go through topo_order([y]) in reverse, so a node's adjoint is complete before "
+                              "you pass it on to its inputs.")
+    return "4 random graphs with shared subexpressions, against torch.autograd"
+
+
+# ---- 7-8. passes ----------------------------------------------------------------------------
+
+def _pass_graph():
+    """A graph with foldable constants, duplicate expressions, a placeholder and a variable."""
+    size = int(rng().choice([3, 5, 7]))
+    x = G.placeholder((size,), name="x")
+    v = G.variable(rng().normal(size=(size,)), name="v")
+    c1, c2 = G.constant(rng().normal(size=(size,))), G.constant(float(rng().uniform(1, 2)))
+    k = (c1 * c2 + G.constant(1.5)).exp()           # foldable
+    a = (x * v + k).sigmoid()
+    b = (x * v + k).sigmoid()                        # duplicate of a
+    m = G.reduce_sum(G.reshape(x, (1, size)) * G.constant(np.ones((2, 1)) * 0.5), 0)
+    n = G.reduce_sum(G.reshape(x, (1, size)) * G.constant(np.ones((2, 1)) * 0.5), 1)
+    d1, d2 = v - x, x - v                            # same inputs, different order: not equal
+    y = (a * b + d1 * d2).sum() + (m * m).sum() * (n * n).sum() + (v * (G.constant(2.0) * G.constant(3.0))).sum()
+    bump = G.assign(v, v + 0.5)
+    return x, v, y, bump, size
+
+
+def _check_pass(your_pass, reference_pass, name, hint):
+    for _ in range(3):
+        with G.Graph():
+            x, v, y, bump, size = _pass_graph()
+        before = G.count_nodes([y])
+        new = your_pass([y])
+        require(isinstance(new, (list, tuple)) and len(new) == 1 and isinstance(new[0], G.Node),
+                f"{name} should return a list with one new output node per output, got {fmt(new)}.")
+        sess_a, sess_b = G.Session(), G.Session()
+        for step in range(2):
+            X = rng().normal(size=(size,))
+            assert_close(sess_b.run(new[0], {x: X}), sess_a.run(y, {x: X}),
+                         what=f"the optimized graph's output (run {step + 1}{', after the variable changed' if step else ''})",
+                         rtol=1e-12, atol=1e-12, hint=hint)
+            sess_a.run(bump)
+            sess_b.run(bump)
+        expected = G.count_nodes(reference_pass([y]))
+        got = G.count_nodes(new)
+        require(got <= expected, f"{name} left {got} nodes; it can get the graph from {before} down to {expected}.")
+    return "3 random graphs, re-run after a variable changed"
+
+
+@exercise
+def fold_constants(fold_constants):
+    return _check_pass(fold_constants, G.fold_constants, "constant folding",
+                       "fold a node only when ALL its inputs are constants: a node that reads a placeholder "
+                       "or a variable must stay, since its value changes from run to run.")
+
+
+@exercise
+def eliminate_common_subexpressions(eliminate_common_subexpressions):
+    return _check_pass(eliminate_common_subexpressions, G.eliminate_common_subexpressions, "CSE",
+                       "two nodes are the same only with the same op, the same inputs in the same order "
+                       "(except for add and mul), and the same attributes (sum over dim 0 is not sum over dim 1).")
+
+
+# ---- 9. training ----------------------------------------------------------------------------
+
+def _softmax_regression_losses(X, Y, W, b, lr, steps):
+    """The oracle: softmax regression by hand in numpy, full batch."""
+    losses = []
+    for _ in range(steps):
+        z = X @ W + b
+        z = z - z.max(axis=1, keepdims=True)
+        p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+        losses.append(-np.sum(Y * np.log(p)) / len(X))
+        gz = (p - Y) / len(X)
+        W, b = W - lr * X.T @ gz, b - lr * gz.sum(axis=0)
+    return np.array(losses), W, b
+
+
+@exercise
+def training_loop(train):
+    n, d, c = int(rng().integers(20, 40)), int(rng().choice([3, 5])), int(rng().choice([3, 4]))
+    X, Y = rng().normal(size=(n, d)), np.eye(c)[rng().integers(0, c, n)]
+    W0, b0, lr, steps = rng().normal(size=(d, c)) * 0.3, rng().normal(size=(c,)) * 0.1, 0.5, 15
+    with G.Graph():
+        x, y = G.placeholder((None, d), name="x"), G.placeholder((None, c), name="y")
+        W, b = G.variable(W0, name="W"), G.variable(b0, name="b")
+        loss = G.softmax_cross_entropy(x @ W + b, y)
+        train_ops = G.sgd_step(loss, [W, b], lr)
+    sess = G.Session()
+    losses = train(sess, loss, train_ops, {x: X, y: Y}, steps)
+    expected, We, be = _softmax_regression_losses(X, Y, W0, b0, lr, steps)
+    late = _softmax_regression_losses(X, Y, W0, b0, lr, steps + 1)[0][1:]
+    require(losses is not None and len(losses) == steps, f"train should return {steps} losses, got {fmt(losses)}.")
+    assert_close(losses, expected, what="the losses", rtol=1e-9, atol=1e-12,
+                 mistakes={"run the loss and the update in ONE sess.run([loss] + train_ops, feed): your losses "
+                           "are one step late": late,
+                           "the loss never changes: run train_ops every step, in the same Session":
+                           np.full(steps, expected[0])})
+    assert_close(sess.value_of(W), We, what="W after training", rtol=1e-9, atol=1e-12)
+    return f"{steps} steps of softmax regression against a numpy oracle"
