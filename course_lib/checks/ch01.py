@@ -323,6 +323,8 @@ def neuron_call(neuron_call):
             w.data = float(rng().uniform(-1, 1))
         n.b.data = float(rng().uniform(-0.5, 0.5))
         xs = rng().uniform(-1.5, 1.5, size=nin)
+        if not nonlin:  # a negative pre-activation, so that a stray relu shows
+            n.b.data = -float(sum(w.data * v for w, v in zip(n.w, xs))) - float(rng().uniform(0.1, 0.6))
         x = [Value(float(v)) for v in xs]
         out = neuron_call(n, x)
         require(isinstance(out, Value), f"neuron_call returned {fmt(out)}; expected a Value.",
