@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Fixed seed for the checks' random cases, so a test run is reproducible.
-TEST_ENV := COURSE_CHECK_SEED=20261122 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+TEST_ENV := COURSE_CHECK_SEED=20261122 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile \
           --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 

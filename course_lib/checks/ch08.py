@@ -1,0 +1,222 @@
+"""Checks for chapter 08, custom operators: autograd.Function, custom_op, im2col and conv2d with its backward.
+
+The oracle is PyTorch in float64: F.unfold, F.conv2d and its autograd gradients.
+"""
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from course_lib.checks import CheckFailed, assert_close, exercise, require, rng
+
+_names = itertools.count()
+
+WRONG_ORDER = ("are the gradients in the wrong order? backward must return one gradient per input of forward, in the order of forward's "
+               "arguments: (dx, db) here, not (db, dx)")
+
+
+def _t(shape, grad=False):
+    return torch.tensor(rng().uniform(-2, 2, size=shape), dtype=torch.float64, requires_grad=grad)
+
+
+def _conv_case(rich=False):
+    """A random conv configuration whose output is at least 1x1.
+
+    rich: at least 2 samples and 2 channels, and overlapping windows (stride 1, a kernel of 2 or more),
+    and some padding, so that mistakes which only show on such cases cannot slip through."""
+    while True:
+        N, C, O = (int(v) for v in rng().integers(2 if rich else 1, 4, size=3))
+        H, W = (int(v) for v in rng().integers(5, 11, size=2))
+        kh, kw = (int(v) for v in rng().integers(1, 4, size=2))
+        stride, padding, dilation = int(rng().integers(1, 4)), int(rng().integers(0, 3)), int(rng().integers(1, 3))
+        if rich:
+            stride, kh, padding = 1, max(kh, 2), max(padding, 1)
+        oh = (H + 2 * padding - dilation * (kh - 1) - 1) // stride + 1
+        ow = (W + 2 * padding - dilation * (kw - 1) - 1) // stride + 1
+        if oh >= 1 and ow >= 1 and padding <= min(H, W) - 1:
+            return (N, C, H, W), (O, C, kh, kw), dict(stride=stride, padding=padding, dilation=dilation)
+
+
+def _grads(out, inputs, dy):
+    """Gradients of sum(out * dy) with respect to inputs, turning autograd's complaints into hints."""
+    try:
+        return torch.autograd.grad(out, inputs, dy, allow_unused=True)
+    except RuntimeError as e:
+        if "shape" in str(e) or "size" in str(e):
+            raise CheckFailed(f"autograd rejected the gradients your backward returned: {e}") from None
+        raise
+
+
+def _bias_relu_case():
+    shape = (int(rng().integers(1, 4)), int(rng().integers(2, 6))) + tuple(int(v) for v in rng().integers(1, 7, size=int(rng().integers(0, 3))))
+    x, b = _t(shape, True), _t(shape[1], True)
+    bview = b.view(-1, *([1] * (len(shape) - 2)))
+    return x, b, bview
+
+
+def _check_bias_relu_grads(out, x, b, bview, what):
+    ref = torch.relu(x + bview)
+    assert_close(out, ref, what=f"{what}'s output for x of shape {tuple(x.shape)}",
+                 mistakes={"that is relu(x) + b: add the bias before the ReLU": torch.relu(x) + bview,
+                           "the bias was added along the wrong dimension; it belongs to dimension 1 (channels)":
+                           torch.relu(x + b.view(*([1] * (x.dim() - 1)), -1)) if x.shape[-1] == b.shape[0] else ref + 1e3})
+    dy = _t(out.shape)
+    try:
+        dx, db = _grads(out, (x, b), dy)
+    except CheckFailed as e:
+        raise CheckFailed(f"{e}\n  hint: {WRONG_ORDER}; and db has b's shape (sum over every dimension but 1)") from None
+    rx, rb = torch.autograd.grad(ref, (x, b), dy)
+    require(dx is not None and db is not None, f"{what}: the gradient of x or of b is missing (backward returned None).")
+    mask_x = (x > 0).double()
+    assert_close(dx, rx, what=f"{what}'s gradient for x",
+                 mistakes={"the ReLU mask must test x + b > 0 (the saved output), not x > 0": dy * mask_x})
+    assert_close(db, rb, what=f"{what}'s gradient for b",
+                 mistakes={"db must be summed over the batch too: every dimension but 1":
+                           (dy * (ref > 0))[0].reshape(b.shape[0], -1).sum(1)})
+
+
+@exercise
+def bias_relu(BiasReLU):
+    """A torch.autograd.Function computing relu(x + b) with its own backward."""
+    require(isinstance(BiasReLU, type) and issubclass(BiasReLU, torch.autograd.Function),
+            f"expected a subclass of torch.autograd.Function, got {BiasReLU!r}.")
+    for _ in range(3):
+        x, b, bview = _bias_relu_case()
+        _check_bias_relu_grads(BiasReLU.apply(x, b), x, b, bview, "BiasReLU")
+    x, b, _ = _bias_relu_case()
+    require(torch.autograd.gradcheck(BiasReLU.apply, (x, b), raise_exception=False),
+            "torch.autograd.gradcheck disagrees with your backward in float64.")
+    return "3 random shapes and gradcheck in float64"
+
+
+@exercise
+def custom_op(register_bias_relu):
+    """register_bias_relu(name) registers relu(x + b) with torch.library.custom_op and returns the op."""
+    name = f"course_check{next(_names)}_{int(rng().integers(1 << 30))}::bias_relu"
+    op = register_bias_relu(name)
+    require(isinstance(op, torch._library.custom_ops.CustomOpDef),
+            f"register_bias_relu should return what @torch.library.custom_op made, got {op!r}.",
+            hint="decorate the function with @torch.library.custom_op(name, mutates_args=()) and return it.")
+    for _ in range(2):
+        x, b, bview = _bias_relu_case()
+        _check_bias_relu_grads(op(x, b), x, b, bview, "your op")
+    x, b, _ = _bias_relu_case()
+    try:
+        torch.library.opcheck(op, (x, b))
+    except Exception as e:
+        msg = str(e).split("\n")[0][:400]
+        raise CheckFailed(f"torch.library.opcheck failed: {msg}\n  hint: did you register a fake "
+                          "implementation (op.register_fake) and the autograd formula (op.register_autograd)?") from None
+    return "2 random shapes and torch.library.opcheck"
+
+
+def _unfold_hint(yours, x, kh, kw, c):
+    """Name the mistake when the shape of im2col's result gives it away."""
+    yours = yours.reshape(yours.shape[0], -1, yours.shape[-2] * yours.shape[-1]) if yours.dim() == 4 else yours
+    for dp, hint in [(1, "padding off by one: pad p zeros on each side (your output is too big)"),
+                     (-1, "padding off by one: pad p zeros on each side (your output is too small)")]:
+        if c["padding"] + dp >= 0:
+            p = dict(c, padding=c["padding"] + dp)
+            try:
+                if yours.shape[-1] == F.unfold(x, (kh, kw), **p).shape[-1]:
+                    return hint
+            except RuntimeError:
+                pass
+    return "the output size along one axis is (n + 2*padding - dilation*(k - 1) - 1) // stride + 1"
+
+
+@exercise
+def im2col(im2col):
+    """im2col(x, kh, kw, stride, padding, dilation) -> (N, C*kh*kw, OH*OW), the layout of F.unfold."""
+    for i in range(4):
+        xs, ws, c = _conv_case(rich=i == 0)
+        x = _t(xs)
+        kh, kw = ws[2:]
+        yours = im2col(x, kh, kw, **c)
+        expected = F.unfold(x, (kh, kw), **c)
+        if hasattr(yours, "shape") and tuple(yours.shape) != tuple(expected.shape):
+            raise CheckFailed(f"im2col's result has the wrong shape: yours {tuple(yours.shape)}, expected "
+                              f"{tuple(expected.shape)} for x of shape {xs}, kernel {kh}x{kw}, {c}.\n"
+                              f"  hint: {_unfold_hint(yours, x, kh, kw, c)}")
+        flipped = F.unfold(x.flip(2, 3), (kh, kw), **c) if c["padding"] == 0 and c["stride"] == 1 else None
+        assert_close(yours, expected, what=f"im2col for x of shape {xs}, kernel {kh}x{kw}, {c}",
+                     mistakes={"the rows of a column go channel first, then kernel row, then kernel column: "
+                               "reshape (N, C, kh, kw, OH, OW) to (N, C*kh*kw, OH*OW)":
+                               expected.reshape(xs[0], xs[1], kh * kw, -1).transpose(1, 2).reshape(expected.shape),
+                               **({"you flipped the input: a window is read forwards": flipped} if flipped is not None else {})})
+    return "4 random shapes with stride, padding and dilation"
+
+
+def _conv_mistakes(x, w, b, c):
+    m = {f"padding off by one: pad {c['padding']} zeros on each side": F.conv2d(x, w, b, **dict(c, padding=c["padding"] + 1))}
+    if c["padding"] > 0:
+        m[f"padding off by one: pad {c['padding']} zeros on each side "] = F.conv2d(x, w, b, **dict(c, padding=c["padding"] - 1))
+    m |= {"your kernel is flipped: that is a true convolution; deep learning's conv2d is a cross-correlation "
+         "(no flip)": F.conv2d(x, w.flip(2, 3), b, **c),
+         "the bias is missing": F.conv2d(x, w, None, **c)}
+    return m
+
+
+@exercise
+def conv2d_forward(conv2d_forward):
+    """conv2d_forward(x, w, b, stride, padding, dilation) through im2col and one matmul, against F.conv2d."""
+    for i in range(4):
+        xs, ws, c = _conv_case(rich=i == 0)
+        x, w, b = _t(xs), _t(ws), _t(ws[0])
+        yours = conv2d_forward(x, w, b, **c)
+        expected = F.conv2d(x, w, b, **c)
+        if hasattr(yours, "shape") and tuple(yours.shape) != tuple(expected.shape):
+            raise CheckFailed(f"conv2d's output has the wrong shape: yours {tuple(yours.shape)}, expected "
+                              f"{tuple(expected.shape)} for x {xs}, w {ws}, {c}.\n"
+                              f"  hint: {_unfold_hint(yours, x, *ws[2:], c)}")
+        assert_close(yours, expected, what=f"conv2d for x {xs}, w {ws}, {c}", mistakes=_conv_mistakes(x, w, b, c))
+    return "4 random shapes with stride, padding and dilation"
+
+
+def _conv_grads(xs, ws, c):
+    x, w, b = _t(xs, True), _t(ws, True), _t(ws[0], True)
+    y = F.conv2d(x, w, b, **c)
+    dy = _t(y.shape)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    return x.detach(), w.detach(), dy, dx, dw
+
+
+@exercise
+def conv2d_weight_grad(conv2d_weight_grad):
+    """conv2d_weight_grad(x, dy, w_shape, stride, padding, dilation) = dL/dw, against autograd of F.conv2d."""
+    for i in range(4):
+        xs, ws, c = _conv_case(rich=i == 0)
+        x, w, dy, _, dw = _conv_grads(xs, ws, c)
+        yours = conv2d_weight_grad(x, dy, ws, **c)
+        wr = w.clone().requires_grad_(True)
+        dw_first = torch.autograd.grad(F.conv2d(x[:1], wr, None, **c), wr, dy[:1])[0]
+        wf = w.clone().requires_grad_(True)
+        dw_flip = torch.autograd.grad(F.conv2d(x, wf.flip(2, 3), None, **c), wf, dy)[0].flip(2, 3)
+        mistakes = {"the kernel is flipped (true convolution); conv2d is a cross-correlation": dw_flip,
+                    "that is the mean over the batch; the weight gradient is the SUM over the batch": dw / xs[0]}
+        if xs[0] > 1:
+            mistakes["that is the first sample's gradient only: sum dy[n] @ cols[n].T over the whole batch"] = dw_first
+        assert_close(yours, dw, what=f"dL/dw for x {xs}, w {ws}, {c}", mistakes=mistakes)
+    return "4 random shapes with stride, padding and dilation"
+
+
+@exercise
+def conv2d_input_grad(conv2d_input_grad):
+    """conv2d_input_grad(dy, w, x_shape, stride, padding, dilation) = dL/dx, against autograd of F.conv2d."""
+    for i in range(4):
+        xs, ws, c = _conv_case(rich=i == 0)
+        x, w, dy, dx, _ = _conv_grads(xs, ws, c)
+        yours = conv2d_input_grad(dy, w, xs, **c)
+        if hasattr(yours, "shape") and tuple(yours.shape) != tuple(xs):
+            p = c["padding"]
+            hint = ("crop the padding off: return the [p:p+H, p:p+W] part of the padded gradient"
+                    if tuple(yours.shape) == (xs[0], xs[1], xs[2] + 2 * p, xs[3] + 2 * p) else
+                    "dL/dx has the shape of x")
+            raise CheckFailed(f"dL/dx has the wrong shape: yours {tuple(yours.shape)}, expected {xs} for w {ws}, {c}.\n  hint: {hint}")
+        xr = x.clone().requires_grad_(True)
+        dx_flip = torch.autograd.grad(F.conv2d(xr, w.flip(2, 3), None, **c), xr, dy)[0]
+        assert_close(yours, dx, what=f"dL/dx for x {xs}, w {ws}, {c}",
+                     mistakes={"the kernel is flipped: the forward is a cross-correlation, so use w as it is "
+                               "in w^T @ dy and let col2im put each entry back where im2col took it": dx_flip})
+    return "4 random shapes with stride, padding and dilation"

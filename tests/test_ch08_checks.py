@@ -1,0 +1,192 @@
+"""Chapter 08's checks pass on the reference and reject plausible mistakes."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checking import expect_failure
+from course_lib.checks import ch08 as check
+from course_lib.ops import conv
+
+
+def dims(x):
+    return [d for d in range(x.dim()) if d != 1]
+
+
+def bview(b, x):
+    return b.view(-1, *([1] * (x.dim() - 2)))
+
+
+def make_bias_relu(forward=None, backward=None):
+    class F_(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, b):
+            y = forward(x, b) if forward else torch.relu(x + bview(b, x))
+            ctx.save_for_backward(x, b, y)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, b, y = ctx.saved_tensors
+            if backward:
+                return backward(dy, x, b, y)
+            dx = dy * (y > 0)
+            return dx, dx.sum(dim=dims(dx))
+    return F_
+
+
+def test_reference_passes(capsys):
+    check.bias_relu(make_bias_relu())
+    check.im2col(conv.im2col)
+    check.conv2d_forward(conv.conv2d_im2col)
+    check.conv2d_weight_grad(conv.conv2d_weight_grad)
+    check.conv2d_input_grad(conv.conv2d_input_grad)
+    assert capsys.readouterr().out.count("passed") == 5
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (make_bias_relu(backward=lambda dy, x, b, y: ((dy * (y > 0)).sum(dim=dims(dy)), dy * (y > 0))), "wrong order"),
+    (make_bias_relu(backward=lambda dy, x, b, y: (dy * (x > 0), (dy * (x > 0)).sum(dim=dims(dy)))), "x + b > 0"),
+    (make_bias_relu(backward=lambda dy, x, b, y: (dy * (y > 0), (dy * (y > 0))[0].reshape(b.shape[0], -1).sum(1))),
+     "summed over the batch"),
+    (make_bias_relu(forward=lambda x, b: torch.relu(x) + bview(b, x)), "before the ReLU"),
+    (torch.nn.ReLU, "subclass of torch.autograd.Function"),
+])
+def test_bias_relu_rejects(wrong, hint):
+    expect_failure(check.bias_relu, wrong, match=hint)
+
+
+def register(fake=True, order_ok=True, impl=None):
+    def reg(name):
+        @torch.library.custom_op(name, mutates_args=())
+        def op(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return impl(x, b) if impl else torch.relu(x + bview(b, x))
+
+        if fake:
+            op.register_fake(lambda x, b: torch.empty_like(x))
+
+        def setup(ctx, inputs, output):
+            ctx.save_for_backward(output)
+
+        def backward(ctx, dy):
+            (y,) = ctx.saved_tensors
+            dx = dy * (y > 0)
+            db = dx.sum(dim=dims(dx))
+            return (dx, db) if order_ok else (db, dx)
+
+        op.register_autograd(backward, setup_context=setup)
+        return op
+    return reg
+
+
+def test_custom_op_reference_passes(capsys):
+    check.custom_op(register())
+    assert "passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (register(order_ok=False), "wrong order"),
+    (register(fake=False), "opcheck"),
+    (register(impl=lambda x, b: torch.relu(x) + bview(b, x)), "before the ReLU"),
+    (lambda name: (lambda x, b: torch.relu(x + bview(b, x))), "custom_op"),
+])
+def test_custom_op_rejects(wrong, hint):
+    expect_failure(check.custom_op, wrong, match=hint)
+
+
+def im2col_flipped(x, kh, kw, stride=1, padding=0, dilation=1):
+    return conv.im2col(x.flip(2, 3), kh, kw, stride, padding, dilation)
+
+
+def im2col_pad_plus_one(x, kh, kw, stride=1, padding=0, dilation=1):
+    return conv.im2col(x, kh, kw, stride, padding + 1, dilation)
+
+
+def im2col_offsets_first(x, kh, kw, stride=1, padding=0, dilation=1):
+    cols = conv.im2col(x, kh, kw, stride, padding, dilation)
+    N, K, L = cols.shape
+    return cols.reshape(N, x.shape[1], kh * kw, L).transpose(1, 2).reshape(N, K, L)
+
+
+@pytest.mark.parametrize("wrong, hint", [(im2col_flipped, "differs"), (im2col_pad_plus_one, "padding off by one"),
+                                         (im2col_offsets_first, "channel first")])
+def test_im2col_rejects(wrong, hint):
+    expect_failure(check.im2col, wrong, match=hint)
+
+
+def conv_flipped(x, w, b, stride=1, padding=0, dilation=1):
+    return conv.conv2d_im2col(x, w.flip(2, 3), b, stride, padding, dilation)
+
+
+def conv_pad_minus_one(x, w, b, stride=1, padding=0, dilation=1):
+    return conv.conv2d_im2col(x, w, b, stride, max(padding - 1, 0) if padding else padding + 1, dilation)
+
+
+def conv_no_bias(x, w, b, stride=1, padding=0, dilation=1):
+    return conv.conv2d_im2col(x, w, None, stride, padding, dilation)
+
+
+@pytest.mark.parametrize("wrong, hint", [(conv_flipped, "flipped"), (conv_pad_minus_one, "padding off by one"),
+                                         (conv_no_bias, "bias is missing")])
+def test_conv2d_forward_rejects(wrong, hint):
+    expect_failure(check.conv2d_forward, wrong, match=hint)
+
+
+def wgrad_first_sample(x, dy, w_shape, stride=1, padding=0, dilation=1):
+    return conv.conv2d_weight_grad(x[:1], dy[:1], w_shape, stride, padding, dilation)
+
+
+def wgrad_mean(x, dy, w_shape, stride=1, padding=0, dilation=1):
+    return conv.conv2d_weight_grad(x, dy, w_shape, stride, padding, dilation) / x.shape[0]
+
+
+def wgrad_flipped(x, dy, w_shape, stride=1, padding=0, dilation=1):
+    return conv.conv2d_weight_grad(x.flip(2, 3), dy.flip(2, 3), w_shape, stride, padding, dilation)
+
+
+@pytest.mark.parametrize("wrong, hint", [(wgrad_first_sample, "first sample"), (wgrad_mean, "SUM over the batch"),
+                                         (wgrad_flipped, "differs")])
+def test_conv2d_weight_grad_rejects(wrong, hint):
+    expect_failure(check.conv2d_weight_grad, wrong, match=hint)
+
+
+def igrad_flipped(dy, w, x_shape, stride=1, padding=0, dilation=1):
+    return conv.conv2d_input_grad(dy, w.flip(2, 3), x_shape, stride, padding, dilation)
+
+
+def igrad_uncropped(dy, w, x_shape, stride=1, padding=0, dilation=1):
+    N, C, H, W = x_shape
+    O, _, kh, kw = w.shape
+    dcols = w.reshape(O, -1).t() @ dy.reshape(N, O, -1)
+    p = padding
+    full = conv.col2im(dcols, (N, C, H + 2 * p, W + 2 * p), kh, kw, stride, 0, dilation)
+    return full
+
+
+def igrad_overwrites(dy, w, x_shape, stride=1, padding=0, dilation=1):
+    """Assigns instead of adding where windows overlap."""
+    N, C, H, W = x_shape
+    O, _, kh, kw = w.shape
+    OH, OW = dy.shape[2:]
+    dcols = (w.reshape(O, -1).t() @ dy.reshape(N, O, -1)).reshape(N, C, kh, kw, OH, OW)
+    dxp = dy.new_zeros(N, C, H + 2 * padding, W + 2 * padding)
+    for a, c in itertools.product(range(kh), range(kw)):
+        dxp[:, :, a * dilation: a * dilation + stride * (OH - 1) + 1: stride,
+                  c * dilation: c * dilation + stride * (OW - 1) + 1: stride] = dcols[:, :, a, c]
+    return dxp[:, :, padding: padding + H, padding: padding + W]
+
+
+@pytest.mark.parametrize("wrong, hint", [(igrad_flipped, "differs"), (igrad_uncropped, "wrong shape"),
+                                         (igrad_overwrites, "differs")])
+def test_conv2d_input_grad_rejects(wrong, hint):
+    expect_failure(check.conv2d_input_grad, wrong, match=hint)
+
+
+def test_stub_is_reported_as_not_implemented():
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    for c in (check.im2col, check.conv2d_forward, check.conv2d_weight_grad, check.conv2d_input_grad, check.custom_op):
+        expect_failure(c, stub, match="not implemented yet")
