@@ -17,12 +17,15 @@ def _shape(type_proto):
 
 
 def _dtype(type_proto):
+    """The numpy dtype of a tensor type; object for sequences, maps and optionals; None if unknown."""
     if not type_proto.HasField("tensor_type"):
+        return np.dtype(object)
+    if type_proto.tensor_type.elem_type == 0:
         return None
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(type_proto.tensor_type.elem_type))
     except (KeyError, TypeError, ValueError):
-        return None
+        return np.dtype(object)  # a type numpy lacks (string, float8, int4...): refused by validation
 
 
 def _value(vi):

@@ -1,5 +1,7 @@
 """Scheduling: an order of nodes in which every node runs after the nodes it reads from."""
 
+import heapq
+
 from .validate import InvalidGraph
 
 
@@ -14,17 +16,16 @@ def topological_order(graph):
             if i not in ready_values and i in producers:
                 readers.setdefault(i, []).append(n)
     index = {id(n): k for k, n in enumerate(graph.nodes)}
-    ready = [n for n in graph.nodes if waiting[id(n)] == 0]
+    ready = [index[id(n)] for n in graph.nodes if waiting[id(n)] == 0]  # a heap of file positions
     order = []
     while ready:
-        ready.sort(key=lambda n: index[id(n)], reverse=True)
-        node = ready.pop()
+        node = graph.nodes[heapq.heappop(ready)]
         order.append(node)
         for out in node.outputs:
             for reader in readers.get(out, []):
                 waiting[id(reader)] -= 1
                 if waiting[id(reader)] == 0:
-                    ready.append(reader)
+                    heapq.heappush(ready, index[id(reader)])
     if len(order) != len(graph.nodes):
         stuck = [n.name or n.op_type for n in graph.nodes if waiting[id(n)] > 0]
         raise InvalidGraph(f"malformed graph: a cycle, or values nobody writes, blocks nodes {stuck[:5]}")

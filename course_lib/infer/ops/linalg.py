@@ -16,6 +16,8 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     a = a.T if transA else a
     b = b.T if transB else b
     y = a @ b
+    if c is not None and np.broadcast_shapes(c.shape, y.shape) != y.shape:
+        raise ValueError(f"Gemm's C of shape {c.shape} does not broadcast to the product's shape {y.shape}")
     if alpha != 1.0:
         y = y * y.dtype.type(alpha)
     if c is not None:
@@ -29,8 +31,10 @@ def einsum(*xs, equation):
 
 
 def _softmax(x, axis):
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
+    e = x - x.max(axis=axis, keepdims=True)   # a fresh buffer: the rest works in place
+    np.exp(e, out=e)
+    e /= e.sum(axis=axis, keepdims=True)
+    return e
 
 
 def _coerced(fn):
@@ -99,8 +103,12 @@ def topk(x, k, *, axis=-1, largest=1, sorted=1):
     k = int(np.asarray(k).reshape(-1)[0])
     if not sorted:
         raise Unsupported("TopK with sorted=0")
-    # a stable sort keeps the lower index first among equal values, as ONNX asks
-    order = np.argsort(-x if largest else x, axis=axis, kind="stable")
+    # among equal values the lower index comes first, as ONNX asks: a stable sort does that
+    if largest:  # sort the flipped array ascending, then reverse: ties stay in index order
+        n = x.shape[axis]
+        order = n - 1 - np.flip(np.argsort(np.flip(x, axis), axis=axis, kind="stable"), axis)
+    else:
+        order = np.argsort(x, axis=axis, kind="stable")
     idx = np.take(order, range(k), axis=axis)
     return np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64)
 

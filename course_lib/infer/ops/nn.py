@@ -1,10 +1,12 @@
 """Neural-network kernels: convolution and pooling (by sliding windows), and normalizations."""
 
+import functools
+import itertools
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..registry import Unsupported, register
-from .elementwise import _erf  # noqa: F401  (kept next to the activations that use it)
 
 
 def _pads(auto_pad, pads, size, kernel, strides, dilations):
@@ -22,8 +24,11 @@ def _pads(auto_pad, pads, size, kernel, strides, dilations):
     return [(pads[i], pads[i + n]) for i in range(n)]
 
 
-def _windows(x, kernel, strides, dilations, pads, fill, ceil_mode=False, extra_fill=None):
-    """x (N, C, *spatial) -> padded x and windows (N, C, *out, *kernel); also the extra right padding."""
+def _padded(x, kernel, strides, dilations, pads, fill, ceil_mode=False, extra_fill=None):
+    """Pad x (N, C, *spatial) for pooling or convolution; returns the padded array and the output size.
+
+    With ceil_mode the last window may run past the right padding: we pad a little more, with
+    `extra_fill` (so an average pool can tell those cells from the explicit padding)."""
     n = len(kernel)
     size = x.shape[2:]
     eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
@@ -37,10 +42,27 @@ def _windows(x, kernel, strides, dilations, pads, fill, ceil_mode=False, extra_f
     extra = [max((o - 1) * s + e - (sz + p0 + p1), 0) for o, s, e, sz, (p0, p1) in zip(out, strides, eff, size, pads)]
     xp = np.pad(x, [(0, 0), (0, 0)] + list(pads), constant_values=fill)
     xp = np.pad(xp, [(0, 0), (0, 0)] + [(0, ex) for ex in extra], constant_values=fill if extra_fill is None else extra_fill)
+    return xp, out
+
+
+def _shifted(xp, kernel, strides, dilations, out):
+    """For each offset inside the kernel, the strided slice of xp that this offset sees in every window.
+
+    A pool is then a max (or sum) over len(kernel) slices of the output's size, instead of a reduction
+    over tiny strided windows, which numpy does slowly."""
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        yield xp[(slice(None), slice(None)) + tuple(slice(o * d, o * d + s * (n - 1) + 1, s)
+                                                    for o, d, s, n in zip(offset, dilations, strides, out))]
+
+
+def _windows(x, kernel, strides, dilations, pads, fill):
+    """x (N, C, *spatial) -> windows (N, C, *out, *kernel): a strided view, no copy (im2col reads it)."""
+    n = len(kernel)
+    xp, out = _padded(x, kernel, strides, dilations, pads, fill)
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     w = sliding_window_view(xp, eff, axis=tuple(range(2, 2 + n)))
     w = w[(Ellipsis,) + tuple(slice(None, None, d) for d in dilations)]
-    w = w[(slice(None), slice(None)) + tuple(slice(0, o * s, s) for o, s in zip(out, strides))]
-    return w, extra
+    return w[(slice(None), slice(None)) + tuple(slice(0, o * s, s) for o, s in zip(out, strides))], out
 
 
 @register("Conv", since=1)
@@ -50,7 +72,7 @@ def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     kernel = list(w.shape[2:])
     strides, dilations = strides or [1] * n, dilations or [1] * n
     pads = _pads(auto_pad, pads, x.shape[2:], kernel, strides, dilations)
-    win, _ = _windows(x, kernel, strides, dilations, pads, 0)      # (N, C, *out, *k)
+    win, _ = _windows(x, kernel, strides, dilations, pads, 0)      # (N, C, *out, *k), a view
     N, C, out = x.shape[0], x.shape[1], win.shape[2:2 + n]
     M, G = w.shape[0], group
     # (N, G, C/G, *out, *k) -> (N, G, prod(out), C/G * prod(k)): the im2col matrix of each group
@@ -78,8 +100,8 @@ def max_pool(x, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, dilations=None,
     if x.dtype.kind != "f":
         raise Unsupported(f"MaxPool on {x.dtype}")
     n, strides, dilations, pads = _pool_args(x, kernel_shape, strides, dilations, pads, auto_pad)
-    win, _ = _windows(x, kernel_shape, strides, dilations, pads, -np.inf, bool(ceil_mode))
-    return win.max(axis=tuple(range(-n, 0)))
+    xp, out = _padded(x, kernel_shape, strides, dilations, pads, -np.inf, bool(ceil_mode))
+    return functools.reduce(np.maximum, _shifted(xp, kernel_shape, strides, dilations, out))
 
 
 @register("AveragePool", since=7)
@@ -87,13 +109,13 @@ def average_pool(x, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, count_inclu
                  pads=None, strides=None):
     """The mean over each window; padding counts in the divisor only with count_include_pad."""
     n, strides, dilations, pads = _pool_args(x, kernel_shape, strides, dilations, pads, auto_pad)
-    win, _ = _windows(x, kernel_shape, strides, dilations, pads, 0, bool(ceil_mode))
-    total = win.sum(axis=tuple(range(-n, 0)))
+    xp, out = _padded(x, kernel_shape, strides, dilations, pads, 0, bool(ceil_mode))
+    total = functools.reduce(np.add, _shifted(xp, kernel_shape, strides, dilations, out))
     # count the cells of each window that are real input (or, with count_include_pad, explicit padding)
     ones = np.ones((1, 1) + x.shape[2:], dtype=x.dtype)
-    cnt, _ = _windows(ones, kernel_shape, strides, dilations, pads, 1 if count_include_pad else 0, bool(ceil_mode), 0)
-    cnt = cnt.sum(axis=tuple(range(-n, 0)))
-    return (total / cnt).astype(x.dtype)
+    op, _ = _padded(ones, kernel_shape, strides, dilations, pads, 1 if count_include_pad else 0, bool(ceil_mode), 0)
+    count = functools.reduce(np.add, _shifted(op, kernel_shape, strides, dilations, out))
+    return (total / count).astype(x.dtype)
 
 
 @register("GlobalAveragePool", since=1)
@@ -127,20 +149,23 @@ def instance_norm(x, scale, bias, *, epsilon=1e-5):
 def layer_norm(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1, _n_outputs=1):
     """Normalize over the axes from `axis` on, then scale and shift. Optional outputs: mean, 1/std."""
     axes = tuple(range(axis % x.ndim, x.ndim))
-    xf = x.astype(np.float32) if stash_type == 1 and x.dtype != np.float64 else x
+    xf = x.astype(np.float32, copy=False) if stash_type == 1 and x.dtype != np.float64 else x
     mean = xf.mean(axis=axes, keepdims=True)
-    d = xf - mean
-    inv_std = 1 / np.sqrt((d * d).mean(axis=axes, keepdims=True) + epsilon)
-    y = d * inv_std * scale
+    y = xf - mean                                  # a fresh buffer: the rest works in place
+    inv_std = np.mean(np.square(y), axis=axes, keepdims=True)
+    inv_std += epsilon
+    inv_std = 1 / np.sqrt(inv_std)
+    y *= inv_std
+    y *= scale
     if bias is not None:
-        y = y + bias
+        y += bias
     return (y.astype(x.dtype, copy=False), mean, inv_std)[:_n_outputs]
 
 
 @register("LpNormalization", since=1)
 def lp_norm(x, *, axis=-1, p=2):
     norm = np.abs(x).sum(axis=axis, keepdims=True) if p == 1 else np.sqrt((x * x).sum(axis=axis, keepdims=True))
-    return (x / norm).astype(x.dtype)
+    return np.where(norm == 0, 0, x / np.where(norm == 0, 1, norm)).astype(x.dtype)
 
 
 @register("MeanVarianceNormalization", since=13)

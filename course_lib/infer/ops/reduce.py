@@ -29,7 +29,14 @@ def _reduce(name, x, axes, keepdims, noop_with_empty_axes):
     if x.size == 0 and name in _EMPTY:  # the max of nothing is -inf, as for an empty sum it is 0
         shape = [1 if i in axes else s for i, s in enumerate(x.shape)] if keepdims else \
             [s for i, s in enumerate(x.shape) if i not in axes]
-        return np.full(shape, _EMPTY[name], dtype=x.dtype)
+        big = name == "ReduceMin"
+        if x.dtype == bool:
+            fill = big
+        elif x.dtype.kind in "iu":
+            fill = np.iinfo(x.dtype).max if big else np.iinfo(x.dtype).min
+        else:
+            fill = _EMPTY[name]
+        return np.full(shape, fill, dtype=x.dtype)
     return np.asarray(_FNS[name](x, axes, bool(keepdims))).astype(x.dtype, copy=False)
 
 

@@ -31,7 +31,7 @@ def reshape(x, shape, *, allowzero=0):
 
 @register("Flatten", since=1)
 def flatten(x, *, axis=1):
-    axis = axis % (x.ndim + 1) if axis < 0 else axis
+    axis = axis + x.ndim if axis < 0 else axis
     return x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))
 
 

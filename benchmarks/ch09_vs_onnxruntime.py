@@ -1,0 +1,82 @@
+"""Latency of the course's numpy engine against onnxruntime, side by side in one run.
+
+Models: the MLP, the small CNN and the GPT of course_lib.infer.models, exported with
+torch.onnx.export(dynamo=False); batch 1 and 32; the engine without and with its passes.
+A ratio is engine time / onnxruntime time (lower is better; 1.0 means as fast).
+
+    .venv/bin/python benchmarks/ch09_vs_onnxruntime.py [--repeats 20] [--threads 1]
+
+Both sides get the same number of threads (default 1: numpy's BLAS through OPENBLAS_NUM_THREADS,
+set before numpy loads; onnxruntime through intra_op_num_threads). On a shared 2-core machine,
+multi-threaded BLAS under contention is many times slower and the figures become noise.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+_threads = sys.argv[sys.argv.index("--threads") + 1] if "--threads" in sys.argv else "1"
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = _threads
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from course_lib.infer import InferenceSession
+from course_lib.infer.models import MLP, SmallCNN, course_gpt, export
+
+
+def best_ms(fn, repeats):
+    fn()  # warm up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
+def models():
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    gpt, source = course_gpt()
+    T = 64
+    yield ("MLP", export(MLP(), torch.randn(2, 64), ["x"], ["y"], {"x": {0: "batch"}}),
+           lambda b: {"x": rng.standard_normal((b, 64)).astype(np.float32)})
+    yield ("CNN", export(SmallCNN(), torch.randn(2, 1, 16, 16), ["x"], ["y"], {"x": {0: "batch"}}),
+           lambda b: {"x": rng.standard_normal((b, 1, 16, 16)).astype(np.float32)})
+    yield (f"GPT [{source}]", export(gpt, torch.zeros(2, T, dtype=torch.long), ["idx"], ["logits"],
+                                     {"idx": {0: "batch", 1: "time"}}),
+           lambda b: {"idx": rng.integers(0, 65, (b, T)).astype(np.int64)})
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = args.threads
+    print(f"torch {torch.__version__}, onnxruntime {ort.__version__}, numpy {np.__version__}; "
+          f"{args.threads} thread(s) each; median of {args.repeats} runs")
+    print(f"{'model':<44}{'batch':>6}{'ort ms':>10}{'engine ms':>11}{'ratio':>8}{'+passes ms':>12}{'ratio':>8}{'max|diff|':>11}")
+    for name, onx, feeds_for in models():
+        for batch in (1, 32):
+            feeds = feeds_for(batch)
+            shapes = {k: v.shape for k, v in feeds.items()}
+            ref = ort.InferenceSession(onx, options, providers=["CPUExecutionProvider"])
+            plain = InferenceSession(onx)
+            fast = InferenceSession(onx, optimize=True, input_shapes=shapes)
+            diff = max(float(np.max(np.abs(a - b))) for a, b in zip(ref.run(None, feeds), fast.run(None, feeds)))
+            t_ort = best_ms(lambda: ref.run(None, feeds), args.repeats)
+            t_plain = best_ms(lambda: plain.run(None, feeds), args.repeats)
+            t_fast = best_ms(lambda: fast.run(None, feeds), args.repeats)
+            print(f"{name:<44}{batch:>6}{t_ort:>10.3f}{t_plain:>11.3f}{t_plain / t_ort:>8.2f}"
+                  f"{t_fast:>12.3f}{t_fast / t_ort:>8.2f}{diff:>11.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""A GPT in one file: embeddings, a stack of pre-LayerNorm transformer blocks, a tied LM head.
+
+Parameter names and shapes follow Hugging Face's GPT-2 (`transformer.h.0.attn.c_attn.weight`, ...),
+except that our linear layers store (out, in) where GPT-2's Conv1D stores (in, out):
+`GPT.from_hf_state_dict` transposes those four matrices, and a GPT-2 state dict loads.
+
+    model = GPT(GPTConfig(vocab_size=96, block_size=64, n_layer=4, n_head=4, n_embd=128))
+    logits, loss = model(idx, targets)        # idx, targets: (B, T) token ids
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 96
+    block_size: int = 64       # the longest context, the number of learned positions
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    sdpa: bool = True          # use F.scaled_dot_product_attention; False runs `causal_attention` below
+
+
+def causal_attention(q, k, v, dropout=None):
+    """softmax(q k^T / sqrt(d) + causal mask) v, written out. q: (B, H, Tq, d); k, v: (B, H, Tk, d).
+
+    The Tq queries are the last Tq of the Tk positions (Tq < Tk when earlier keys come from a
+    KV cache): query i may look at key j only when j <= i + (Tk - Tq). Returns (output, weights).
+    """
+    Tq, Tk = q.size(-2), k.size(-2)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))                  # (B, H, Tq, Tk)
+    allowed = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - Tq)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = F.softmax(scores, dim=-1)                                      # each row sums to 1
+    out = (dropout(weights) if dropout is not None else weights) @ v          # (B, H, Tq, d)
+    return out, weights
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.n_head = config.n_head
+        self.sdpa = config.sdpa
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)   # q, k, v for all heads at once
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)       # mixes the heads' outputs
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.last_weights = None   # (B, H, T, T) attention weights, kept when record_weights is True
+        self.record_weights = False
+
+    def forward(self, x, cache=None, layer=0):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # (B, T, C) -> (B, H, T, d): each head sees its own d = C / H channels
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if cache is not None:
+            k, v = cache.update(layer, k, v)   # prepend the keys and values of earlier positions
+        if self.sdpa and not self.record_weights:
+            Tk = k.size(-2)
+            mask = None if T == Tk else torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
+                                               dropout_p=self.dropout if self.training else 0.0)
+        else:
+            y, weights = causal_attention(q, k, v, self.attn_dropout)
+            if self.record_weights:
+                self.last_weights = weights.detach()
+        y = y.transpose(1, 2).contiguous().view(B, T, C)   # (B, H, T, d) -> (B, T, C): heads side by side
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))  # GPT-2's GELU
+
+
+class Block(nn.Module):
+    """x + attn(ln_1(x)), then x + mlp(ln_2(x)): pre-norm, so the residual path stays clean."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), cache, layer)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class KVCache:
+    """The keys and values of the positions seen so far, one (k, v) pair of (B, H, T, d) per layer."""
+
+    def __init__(self, n_layer):
+        self.layers = [None] * n_layer
+
+    def __len__(self):
+        return 0 if self.layers[0] is None else self.layers[0][0].size(2)
+
+    def update(self, layer, k, v):
+        """Append this step's k, v (along time) and return all keys and values so far."""
+        if self.layers[layer] is not None:
+            past_k, past_v = self.layers[layer]
+            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        self.layers[layer] = (k, v)
+        return k, v
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),    # token embeddings
+            wpe=nn.Embedding(config.block_size, config.n_embd),    # position embeddings
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight   # tied: one matrix reads and writes tokens
+        self.apply(self._init_weights)
+        # GPT-2: scale the projections into the residual stream by 1/sqrt(number of residual adds)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self):
+        """Parameters, counting the tied embedding once and leaving out position embeddings (as GPT-2 does)."""
+        return sum(p.numel() for p in self.parameters()) - self.transformer.wpe.weight.numel()
+
+    def forward(self, idx, targets=None, cache=None):
+        """Logits (B, T, vocab) for ids (B, T); the mean cross-entropy too when targets are given.
+
+        With a KVCache, idx holds only the new positions; the cache supplies (and then keeps) the rest.
+        """
+        B, T = idx.shape
+        start = len(cache) if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of length {start + T} > block_size {self.config.block_size}")
+        pos = torch.arange(start, start + T, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, cache, layer)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_maps(self, idx):
+        """The attention weights of every layer for ids (B, T): a list of (B, H, T, T) tensors."""
+        attns = [block.attn for block in self.transformer.h]
+        for a in attns:
+            a.record_weights = True
+        try:
+            self(idx)
+        finally:
+            for a in attns:
+                a.record_weights = False
+        return [a.last_weights for a in attns]
+
+    # ---- Hugging Face GPT-2 weights ---------------------------------------------------------
+
+    CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+    @classmethod
+    def from_hf_state_dict(cls, sd, config):
+        """A GPT holding the weights of a Hugging Face GPT2LMHeadModel state dict.
+
+        GPT-2's Conv1D keeps its weight as (in, out); nn.Linear keeps (out, in), so those transpose.
+        Buffers that are not weights (the old attention masks `attn.bias`, `attn.masked_bias`) are skipped.
+        """
+        model = cls(config)
+        ours = model.state_dict()
+        for name, tensor in sd.items():
+            if name.endswith((".attn.bias", ".attn.masked_bias")):   # (not c_attn.bias!)
+                continue
+            if name not in ours:
+                raise KeyError(f"unexpected parameter {name}")
+            t = tensor.t() if name.endswith(cls.CONV1D) else tensor
+            if t.shape != ours[name].shape:
+                raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {tuple(ours[name].shape)}")
+            with torch.no_grad():
+                ours[name].copy_(t)
+        return model
+
+    def to_hf_state_dict(self):
+        """Our weights with the names and (Conv1D) shapes of a Hugging Face GPT2LMHeadModel."""
+        return {name: (t.t() if name.endswith(self.CONV1D) else t).contiguous()
+                for name, t in self.state_dict().items()}

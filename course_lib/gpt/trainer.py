@@ -1,0 +1,148 @@
+"""The training loop: AdamW, warmup plus cosine learning rate, gradient clipping, evaluation.
+
+It trains any model whose forward is `model(idx, targets) -> (logits, loss)` on batches from
+any `get_batch(split) -> (x, y)`, so the GPT of this chapter and the Mamba of the next share it.
+
+    cfg = TrainConfig(max_iters=500, lr=1e-3, lr_decay_iters=500)
+    history = train(model, get_batch, cfg)
+    plot_curves({"train": history["train_loss"], "val": history["val_loss"]})
+"""
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass
+class TrainConfig:
+    max_iters: int = 2000
+    batch_size: int = 12           # read by make_get_batch; train() itself takes what get_batch gives
+    lr: float = 1e-3               # peak learning rate, reached at the end of warmup
+    min_lr: float = 1e-4           # the floor of the cosine
+    warmup_iters: int = 100
+    lr_decay_iters: int = 2000     # the cosine reaches min_lr here and stays there
+    weight_decay: float = 0.1
+    betas: tuple = (0.9, 0.99)
+    grad_clip: float = 1.0         # max global gradient norm; 0 turns clipping off
+    eval_interval: int = 250       # evaluate train and val loss every this many steps (and at the end)
+    eval_iters: int = 20           # batches averaged per evaluation
+    seed: int = 1337
+
+
+def configure_optimizer(model, cfg):
+    """AdamW that decays only matrices (weights of linear layers, embeddings).
+
+    Biases and LayerNorm gains (ndim < 2) are not decayed: pulling a gain toward 0 only hurts.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def lr_at(it, cfg):
+    """Linear warmup from lr/warmup_iters to lr, then a cosine down to min_lr at lr_decay_iters."""
+    if it < cfg.warmup_iters:
+        return cfg.lr * (it + 1) / cfg.warmup_iters
+    if it >= cfg.lr_decay_iters:
+        return cfg.min_lr
+    progress = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def train_step(model, optimizer, x, y, grad_clip=1.0):
+    """One step: forward, backward, clip the global gradient norm, update. Returns the loss."""
+    _, loss = model(x, y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.item()
+
+
+@torch.no_grad()
+def estimate_loss(model, get_batch, eval_iters):
+    """Mean loss over `eval_iters` batches of each split, in eval mode (no dropout)."""
+    was_training = model.training
+    model.eval()
+    out = {}
+    for split in ("train", "val"):
+        losses = [model(*get_batch(split))[1].item() for _ in range(eval_iters)]
+        out[split] = sum(losses) / len(losses)
+    model.train(was_training)
+    return out
+
+
+def train(model, get_batch, cfg, progress=True, optimizer=None):
+    """Train `model` for cfg.max_iters steps and return the history, a dict of lists:
+
+    iter, lr, loss             one entry per step (loss of that step's batch)
+    eval_iter, train_loss, val_loss   one entry per evaluation (every eval_interval and at the end)
+    and ms_per_iter, the median wall time of a step in milliseconds (evaluations excluded).
+    """
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(cfg.seed)  # dropout masks
+    optimizer = optimizer or configure_optimizer(model, cfg)
+    device = next(model.parameters()).device
+    history = {"iter": [], "lr": [], "loss": [], "eval_iter": [], "train_loss": [], "val_loss": []}
+    step_ms = []
+
+    def evaluate(it):
+        losses = estimate_loss(model, get_batch, cfg.eval_iters)
+        history["eval_iter"].append(it)
+        history["train_loss"].append(losses["train"])
+        history["val_loss"].append(losses["val"])
+
+    model.train()
+    bar = tqdm(range(cfg.max_iters), disable=not progress, desc="training")
+    for it in bar:
+        if cfg.eval_interval and it % cfg.eval_interval == 0:
+            evaluate(it)
+            bar.set_postfix(train=f"{history['train_loss'][-1]:.3f}", val=f"{history['val_loss'][-1]:.3f}")
+        lr = lr_at(it, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, y = get_batch("train")
+        t0 = time.perf_counter()
+        loss = train_step(model, optimizer, x.to(device), y.to(device), cfg.grad_clip)
+        step_ms.append(1000 * (time.perf_counter() - t0))
+        history["iter"].append(it)
+        history["lr"].append(lr)
+        history["loss"].append(loss)
+    evaluate(cfg.max_iters)
+    bar.set_postfix(train=f"{history['train_loss'][-1]:.3f}", val=f"{history['val_loss'][-1]:.3f}")
+    bar.close()
+    history["ms_per_iter"] = sorted(step_ms)[len(step_ms) // 2] if step_ms else float("nan")
+    return history
+
+
+# ---- checkpoints --------------------------------------------------------------------------
+
+def save_checkpoint(path, model, optimizer=None, model_config=None, train_config=None, iter_num=0):
+    """Save weights (and optimizer state and configs as plain dicts) with torch.save."""
+    torch.save({
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "model_config": asdict(model_config) if model_config is not None else None,
+        "train_config": asdict(train_config) if train_config is not None else None,
+        "iter_num": iter_num,
+    }, path)
+
+
+def load_checkpoint(path, model=None, optimizer=None):
+    """Load a checkpoint with `weights_only=True` (tensors and plain containers only, no code runs).
+
+    Loads the weights into `model` and the state into `optimizer` when given; returns the dict.
+    """
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if model is not None:
+        model.load_state_dict(ckpt["model"])
+    if optimizer is not None and ckpt["optimizer"] is not None:
+        optimizer.load_state_dict(ckpt["optimizer"])
+    return ckpt

@@ -1,0 +1,95 @@
+"""InferenceSession: load, validate, (optionally) optimize, schedule, then run. onnxruntime's API."""
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ops  # noqa: F401  (fills the registry)
+from .ir import Graph
+from .load import load
+from .registry import lookup
+from .schedule import last_uses, topological_order
+from .validate import check_feeds, check_graph
+
+_ONNX_TYPE = {"float32": "float", "float64": "double", "float16": "float16", "int64": "int64", "int32": "int32",
+              "int8": "int8", "uint8": "uint8", "bool": "bool", "int16": "int16", "uint16": "uint16",
+              "uint32": "uint32", "uint64": "uint64"}
+
+
+@dataclass
+class NodeArg:
+    """Like onnxruntime's NodeArg: name, shape (ints, or names for dynamic axes) and type 'tensor(float)'."""
+    name: str
+    shape: list
+    type: str
+
+
+def _node_arg(v):
+    t = f"tensor({_ONNX_TYPE.get(str(v.dtype), str(v.dtype))})" if v.dtype is not None else "unknown"
+    return NodeArg(v.name, None if v.shape is None else list(v.shape), t)
+
+
+class InferenceSession:
+    """Run an ONNX model with numpy kernels.
+
+        sess = InferenceSession("model.onnx")            # or bytes, a ModelProto, or our Graph
+        y, = sess.run(None, {"x": x})
+
+    optimize=True applies the passes of `course_lib.infer.passes` (input_shapes: static shapes
+    for shape folding). free_memory=False keeps every intermediate (the naive memory plan).
+    """
+
+    def __init__(self, model, optimize=False, input_shapes=None, free_memory=True):
+        graph = model.copy() if isinstance(model, Graph) else load(model)
+        check_graph(graph)
+        if optimize:
+            from .passes import optimize as run_passes
+            graph = run_passes(graph, input_shapes)
+            check_graph(graph)
+        self.graph = graph
+        self.order = topological_order(graph)
+        keep = {v.name for v in graph.outputs}
+        last = last_uses(self.order, keep) if free_memory else {}
+        self.frees = [[] for _ in self.order]
+        for name, k in last.items():
+            if name not in graph.initializers:
+                self.frees[k].append(name)
+        self.steps = [self._bind(node) for node in self.order]
+
+    def _bind(self, node):
+        fn, accepted = lookup(node.op_type, self.graph.opsets.get(node.domain or "", self.graph.opset), node.domain)
+        attrs = dict(node.attrs)
+        if accepted is None or "_n_outputs" in accepted:
+            attrs["_n_outputs"] = len(node.outputs)
+        return fn, attrs
+
+    def get_inputs(self):
+        return [_node_arg(v) for v in self.graph.inputs]
+
+    def get_outputs(self):
+        return [_node_arg(v) for v in self.graph.outputs]
+
+    def run(self, output_names, feeds, on_node=None):
+        """Compute the named outputs (None: all) from {input name: array}; returns a list of arrays.
+
+        on_node(node, seconds, outputs) is called after each node (the profiler and memory plan use it).
+        """
+        check_feeds(self.graph, feeds)
+        env = dict(self.graph.initializers)
+        env.update(feeds)
+        for node, (fn, attrs), frees in zip(self.order, self.steps, self.frees):
+            args = [env[i] if i else None for i in node.inputs]
+            t0 = time.perf_counter() if on_node else 0.0
+            out = fn(*args, **attrs)
+            if not isinstance(out, tuple):
+                out = (out,)
+            for name, value in zip(node.outputs, out):
+                if name:
+                    env[name] = np.asarray(value)
+            if on_node:
+                on_node(node, time.perf_counter() - t0, [env[n] for n in node.outputs if n])
+            for name in frees:
+                env.pop(name, None)
+        names = output_names or [v.name for v in self.graph.outputs]
+        return [env[n] for n in names]
