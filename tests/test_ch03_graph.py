@@ -200,3 +200,24 @@ def test_trace_matches_eager_torch_and_refuses_control_flow():
 
     with pytest.raises(G.TraceError, match="control flow"):
         G.trace(branchy, X)
+
+
+def test_trace_of_a_chapter02_function_matches_its_eager_values_and_gradients():
+    from course_lib import tensor as T
+
+    rng = np.random.default_rng(5)
+    W1, W2 = T.Tensor(rng.normal(size=(5, 7))), T.Tensor(rng.normal(size=(7, 3)))
+
+    def net(x):
+        return ((x @ W1).relu() @ W2).sigmoid().sum(dim=1, keepdim=True).exp().mean()
+
+    X = rng.normal(size=(9, 5))
+    f = G.trace(net, X)
+    with f.graph:
+        (dx,) = G.gradients(f.output, f.inputs)
+    value, grad = G.Session().run([f.output, dx], {f.inputs[0]: X})
+    tx = T.Tensor(X, requires_grad=True)
+    eager = net(tx)
+    eager.backward()
+    np.testing.assert_allclose(value, eager.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(grad, tx.grad.numpy(), rtol=1e-10, atol=1e-14)

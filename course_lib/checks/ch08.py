@@ -49,7 +49,7 @@ def _grads(out, inputs, dy):
 
 
 def _bias_relu_case():
-    shape = (int(rng().integers(1, 4)), int(rng().integers(2, 6))) + tuple(int(v) for v in rng().integers(1, 7, size=int(rng().integers(0, 3))))
+    shape = (int(rng().integers(2, 5)), int(rng().integers(2, 6))) + tuple(int(v) for v in rng().integers(1, 7, size=int(rng().integers(0, 3))))
     x, b = _t(shape, True), _t(shape[1], True)
     bview = b.view(-1, *([1] * (len(shape) - 2)))
     return x, b, bview

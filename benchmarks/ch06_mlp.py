@@ -1,0 +1,64 @@
+"""One epoch of the digits MLP (64-256-256-10, batch 64, Adam) on the chapter 02 tensor engine.
+
+    python benchmarks/ch06_mlp.py numpy|numba|torch     time one backend (one process)
+Run by benchmarks/ch06_numba_cpu.py, which starts one process per measurement.
+"""
+
+import sys
+import time
+
+import numpy as np
+
+from course_lib.data import load_digits
+
+HIDDEN, BATCH, EPOCHS = 256, 64, 3
+
+
+def course_epochs(backend):
+    from course_lib import tensor as T
+    T.set_backend(backend)
+    T.manual_seed(0)
+    X, _, y, _ = load_digits()
+    model = T.nn.Sequential(T.nn.Linear(64, HIDDEN), T.nn.ReLU(), T.nn.Linear(HIDDEN, HIDDEN), T.nn.ReLU(),
+                            T.nn.Linear(HIDDEN, 10))
+    opt = T.optim.Adam(model.parameters(), lr=1e-3)
+    times, loss = [], None
+    for epoch in range(EPOCHS):
+        start = time.perf_counter()
+        for xb, yb in T.DataLoader(X, y, batch_size=BATCH, seed=epoch):
+            loss = T.cross_entropy(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        times.append(time.perf_counter() - start)
+    return times, loss.item()
+
+
+def torch_epochs():
+    import torch
+    torch.manual_seed(0)
+    X, _, y, _ = load_digits()
+    X, y = torch.tensor(X), torch.tensor(y)
+    model = torch.nn.Sequential(torch.nn.Linear(64, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN),
+                                torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    times, loss = [], None
+    for epoch in range(EPOCHS):
+        start = time.perf_counter()
+        order = torch.randperm(len(X), generator=g)
+        for i in range(0, len(X), BATCH):
+            idx = order[i:i + BATCH]
+            loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        times.append(time.perf_counter() - start)
+    return times, loss.item()
+
+
+if __name__ == "__main__":
+    which = sys.argv[1]
+    times, loss = torch_epochs() if which == "torch" else course_epochs(which)
+    # The first epoch pays for compiling (numba) or warming up; report the best later epoch.
+    print(f"{min(times[1:]):.6f} {times[0]:.6f} {loss:.4f}")

@@ -1,0 +1,409 @@
+"""Checks for chapter 07, the CUDA puzzles.
+
+Each check launches YOUR kernel through course_lib.cuda.launch (real-GPU limits, on a GPU or
+on the simulator) on random inputs whose sizes are not multiples of the block, with outputs
+pre-filled with NaN so an element nobody wrote shows up. Kernels that share memory are run
+on several inputs and once more on the first, so a missing `cuda.syncthreads()` (a race)
+is caught even when it happens to give the right answer once.
+"""
+
+import numpy as np
+
+from course_lib.checks import CheckFailed, assert_close, exercise, rng
+from course_lib.cuda.launch import LaunchError, blocks_for, launch
+from course_lib.cuda.puzzles import k_add_offsets
+
+GRID2_HINT = ("cuda.grid(2) returns (x, y), and x runs along the columns: write `col, row = cuda.grid(2)` "
+              "and index `out[row, col]`.")
+
+
+def _run(kernel, grid, block, *args):
+    """Launch, turning a refused launch or an out-of-bounds index into CheckFailed."""
+    try:
+        launch(kernel, grid, block, *args)
+    except LaunchError as e:
+        raise CheckFailed(f"the launch was refused: {e}") from None
+    except IndexError as e:              # the simulator checks every index
+        raise CheckFailed(f"a thread read or wrote outside an array: {e}") from None
+
+
+def _nan_out(shape):
+    return np.full(shape, np.nan)
+
+
+def _compare(yours, expected, what, inputs=None, hint=None, mistakes=None, rtol=1e-9, atol=1e-9):
+    __tracebackhide__ = True
+    y = np.asarray(yours)
+    if y.shape == np.shape(expected) and np.isnan(y).any():
+        idx = tuple(int(i) for i in np.argwhere(np.isnan(y))[0])
+        raise CheckFailed(f"{what}: {int(np.isnan(y).sum())} of {y.size} output elements were never written "
+                          f"(first at index {idx}).\n  hint: {hint or 'too few threads, or a guard that is too strict?'}")
+    assert_close(yours, expected, what=what, rtol=rtol, atol=atol, inputs=inputs, hint=hint, mistakes=mistakes)
+
+
+def _guard_hint(e):
+    return CheckFailed(f"{e}\n  hint: some threads have no element: guard the body with `if i < a.size:`.")
+
+
+def _sizes(low, high, not_multiple_of, k=3):
+    out = []
+    while len(out) < k:
+        n = int(rng().integers(low, high + 1))
+        if n % not_multiple_of:
+            out.append(n)
+    return out
+
+
+RACE_HINT = ("a thread reads shared memory that another thread writes: put `cuda.syncthreads()` between "
+             "the writes and the reads (and, in a loop, before the next writes).")
+
+
+def _differ(x, y):
+    return not np.array_equal(np.nan_to_num(x, nan=7.25), np.nan_to_num(y, nan=7.25))
+
+
+def _compare_or_race(run_once, case, out, compare):
+    """Compare; on a mismatch run the same case again, and call it a race if the answer changed."""
+    __tracebackhide__ = True
+    try:
+        compare(out)
+    except CheckFailed as e:
+        if _differ(run_once(*case), out):
+            raise CheckFailed(f"the same input gave different results on two runs: a race.\n  hint: {RACE_HINT}"
+                              f"\n  first run: {e}") from None
+        raise
+
+
+def _race_check(run_once, case, first_result, what):
+    """Run the first case again: a kernel without its barriers can give different answers."""
+    if _differ(run_once(*case), first_result):
+        raise CheckFailed(f"{what}: the same input gave different results on two runs: a race."
+                          f"\n  hint: {RACE_HINT}")
+
+
+# ---- 1. to 7.: one thread, one element ------------------------------------------------------
+
+@exercise
+def map_add10(kernel):
+    """out[i] = a[i] + 10 with one block of exactly a.size threads."""
+    for n in _sizes(3, 30, 4):
+        a, out = rng().uniform(-5, 5, n), _nan_out(n)
+        _run(kernel, 1, n, a, out)
+        _compare(out, a + 10, f"out for n = {n}", inputs={"a": a},
+                 mistakes={"you wrote a[i] + 1; the puzzle adds 10": a + 1})
+    return "3 random sizes"
+
+
+@exercise
+def zip_add(kernel):
+    """out[i] = a[i] + b[i]."""
+    for n in _sizes(3, 30, 4):
+        a, b, out = rng().uniform(-5, 5, n), rng().uniform(-5, 5, n), _nan_out(n)
+        _run(kernel, 1, n, a, b, out)
+        _compare(out, a + b, f"out for n = {n}", inputs={"a": a, "b": b},
+                 mistakes={"you added a to itself; add b": 2 * a, "you added b to itself; add a": 2 * b})
+    return "3 random sizes"
+
+
+@exercise
+def guard_add10(kernel):
+    """More threads than elements: out[i] = a[i] + 10 only where i < a.size."""
+    for n in _sizes(3, 30, 8):
+        a, out = rng().uniform(-5, 5, n), _nan_out(n)
+        try:
+            _run(kernel, 1, blocks_for(n, 8) * 8 + 8, a, out)
+        except CheckFailed as e:
+            raise _guard_hint(e) from None
+        _compare(out, a + 10, f"out for n = {n}", inputs={"a": a})
+    return "3 random sizes, up to 15 idle threads each"
+
+
+def _map2d(kernel, block_fn, grid_fn, what):
+    for _ in range(3):
+        rows, cols = int(rng().integers(3, 8)), int(rng().integers(9, 14))
+        if rng().random() < 0.5:
+            rows, cols = cols, rows                      # tall and wide, never square
+        a, out = rng().uniform(-5, 5, (rows, cols)), _nan_out((rows, cols))
+        try:
+            _run(kernel, grid_fn(rows, cols), block_fn(rows, cols), a, out)
+        except CheckFailed as e:
+            raise CheckFailed(f"{e}\n  hint: guard both axes, `if row < a.shape[0] and col < a.shape[1]`; "
+                              + GRID2_HINT) from None
+        _compare(out, a + 10, f"{what} for a {rows}x{cols} input", inputs={"a": a}, hint=GRID2_HINT)
+    return "3 random non-square shapes"
+
+
+@exercise
+def map2d_add10(kernel):
+    """One 2-D block of (x = columns + 1, y = rows + 2) threads: out[row, col] = a[row, col] + 10."""
+    return _map2d(kernel, lambda r, c: (c + 1, r + 2), lambda r, c: 1, "out")
+
+
+@exercise
+def broadcast_add(kernel):
+    """out[row, col] = a[row, 0] + b[0, col], one 2-D block a little larger than out."""
+    for _ in range(3):
+        rows, cols = int(rng().integers(3, 8)), int(rng().integers(9, 14))
+        if rng().random() < 0.5:
+            rows, cols = cols, rows
+        a, b, out = rng().uniform(-5, 5, (rows, 1)), rng().uniform(-5, 5, (1, cols)), _nan_out((rows, cols))
+        try:
+            _run(kernel, 1, (cols + 2, rows + 1), a, b, out)
+        except CheckFailed as e:
+            raise CheckFailed(f"{e}\n  hint: a has one column and b one row: read a[row, 0] and b[0, col], "
+                              f"and guard with out.shape.") from None
+        _compare(out, a + b, f"out for a {rows}x1 column and a 1x{cols} row", inputs={"a": a, "b": b},
+                 hint=GRID2_HINT)
+    return "3 random non-square shapes"
+
+
+@exercise
+def blocks_add10(kernel):
+    """Many blocks of 8 threads: i = blockIdx.x * blockDim.x + threadIdx.x."""
+    for n in _sizes(12, 45, 8):
+        a, out = rng().uniform(-5, 5, n), _nan_out(n)
+        try:
+            _run(kernel, blocks_for(n, 8), 8, a, out)
+        except CheckFailed as e:
+            raise _guard_hint(e) from None
+        first_only = np.where(np.arange(n) < 8, a + 10, np.nan)
+        _compare(out, a + 10, f"out for n = {n} ({blocks_for(n, 8)} blocks of 8)", inputs={"a": a},
+                 hint="every block covers its own chunk: i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x.",
+                 mistakes={"only the first chunk is written: add blockIdx.x * blockDim.x": first_only})
+    return "3 random sizes"
+
+
+@exercise
+def blocks2d_add10(kernel):
+    """A 2-D grid of 4x4 blocks over a non-square matrix, with cuda.grid(2)."""
+    return _map2d(kernel, lambda r, c: (4, 4), lambda r, c: (blocks_for(c, 4), blocks_for(r, 4)), "out")
+
+
+# ---- 8. to 13.: shared memory and barriers ----------------------------------------------------
+
+def _shared_check(run_once, cases, expected_fn, what, hint=None, mistakes_fn=None, rtol=1e-9):
+    first = None
+    for case in cases:
+        out = run_once(*case)
+        first = out if first is None else first
+        _compare_or_race(run_once, case, out, lambda y: _compare(
+            y, expected_fn(*case), what(*case), inputs=dict(zip("ab", case[:2])) if len(case) < 4 else None,
+            hint=hint, mistakes=mistakes_fn(*case) if mistakes_fn else None, rtol=rtol))
+    _race_check(run_once, cases[0], first, what(*cases[0]))
+
+
+def _reverse_blocks(a, tpb):
+    return np.concatenate([a[s:s + tpb][::-1] for s in range(0, a.size, tpb)])
+
+
+@exercise
+def block_reverse(kernel, tpb):
+    """Each block of tpb threads reverses its chunk of a (the last chunk may be shorter)."""
+    def run_once(a):
+        out = _nan_out(a.size)
+        _run(kernel, blocks_for(a.size, tpb), tpb, a, out)
+        return out
+
+    cases = [(rng().uniform(-5, 5, n),) for n in _sizes(tpb + 1, 4 * tpb, tpb)]
+    _shared_check(run_once, cases, lambda a: _reverse_blocks(a, tpb), lambda a: f"out for n = {a.size}",
+                  hint="the last block holds only a.size - start elements: reverse within those.",
+                  mistakes_fn=lambda a: {"you reversed the whole array; reverse each block's chunk": a[::-1],
+                                         "the last, partial block is reversed as if it were full":
+                                         np.concatenate([_reverse_blocks(a[:a.size // tpb * tpb], tpb),
+                                                         a[a.size // tpb * tpb:]])})
+    return f"3 random sizes with {tpb} threads per block, and a rerun for races"
+
+
+def _pool3_ref(a):
+    out = a.copy()
+    out[1:] += a[:-1]
+    out[2:] += a[:-2]
+    return out
+
+
+@exercise
+def pool3(kernel, tpb):
+    """out[i] = a[i-2] + a[i-1] + a[i] (terms before the start count 0), through shared memory."""
+    def run_once(a):
+        out = _nan_out(a.size)
+        _run(kernel, blocks_for(a.size, tpb), tpb, a, out)
+        return out
+
+    def mistakes(a):
+        wrapped = a + np.roll(a, 1) + np.roll(a, 2)
+        per_block = np.concatenate([_pool3_ref(a[s:s + tpb]) for s in range(0, a.size, tpb)])
+        return {"a[-1] and a[-2] wrapped around to the end of the array: treat them as 0": wrapped,
+                "each block starts from 0: load the 2 elements before the block (the halo) too": per_block}
+
+    cases = [(rng().uniform(-5, 5, n),) for n in _sizes(tpb + 3, 4 * tpb, tpb)]
+    _shared_check(run_once, cases, _pool3_ref, lambda a: f"out for n = {a.size}", mistakes_fn=mistakes)
+    return f"3 random sizes with {tpb} threads per block, and a rerun for races"
+
+
+@exercise
+def dot_partial(kernel, tpb):
+    """partial[b] = sum of a[i] * b[i] over block b's chunk, by a tree reduction in shared memory."""
+    def run_once(a, b):
+        partial = _nan_out(blocks_for(a.size, tpb))
+        _run(kernel, partial.size, tpb, a, b, partial)
+        return partial
+
+    def expected(a, b):
+        return np.add.reduceat(a * b, np.arange(0, a.size, tpb))
+
+    def mistakes(a, b):
+        return {"only part of each block was summed: the tree must run until step 0 (TPB/2, TPB/4, ... 1)":
+                np.array([(a * b)[s:s + tpb // 2].sum() for s in range(0, a.size, tpb)]),
+                "you summed a + b; multiply first": np.add.reduceat(a + b, np.arange(0, a.size, tpb))}
+
+    cases = [(rng().uniform(-2, 2, n), rng().uniform(-2, 2, n)) for n in _sizes(tpb + 1, 4 * tpb, tpb)]
+    _shared_check(run_once, cases, expected, lambda a, b: f"partial sums for n = {a.size}",
+                  hint="threads past the end must put 0 in shared memory; sum with a barrier after each level.",
+                  mistakes_fn=mistakes)
+    return f"3 random sizes with {tpb} threads per block, and a rerun for races"
+
+
+def _conv_ref(a, w):
+    padded = np.concatenate([a, np.zeros(w.size - 1)])
+    return np.array([padded[i:i + w.size] @ w for i in range(a.size)])
+
+
+@exercise
+def conv1d(kernel, tpb, max_k):
+    """out[i] = sum_k a[i + k] * w[k], with a read as 0 past its end."""
+    def run_once(a, w):
+        out = _nan_out(a.size)
+        _run(kernel, blocks_for(a.size, tpb), tpb, a, w, out)
+        return out
+
+    def mistakes(a, w):
+        flipped = _conv_ref(a, w[::-1])
+        per_block = np.concatenate([_conv_ref(a[s:s + tpb], w) for s in range(0, a.size, tpb)])
+        return {"the weights are flipped (that is np.convolve); use a[i + k] * w[k]": flipped,
+                "each block stops at its own end: load the K-1 elements after the block (the halo) too": per_block}
+
+    cases = []
+    for n in _sizes(tpb + 2, 4 * tpb, tpb):
+        k = int(rng().integers(2, max_k + 1))
+        cases.append((rng().uniform(-2, 2, n), rng().uniform(-2, 2, k)))
+    _shared_check(run_once, cases, _conv_ref, lambda a, w: f"out for n = {a.size}, K = {w.size}",
+                  mistakes_fn=mistakes)
+    return f"3 random sizes and kernel lengths, and a rerun for races"
+
+
+@exercise
+def block_scan(kernel, tpb):
+    """Inclusive scan inside each block, and the block's total in block_sums; then the full
+    prefix sum built from it (block scans, a scan of the totals, offsets)."""
+    def run_once(a):
+        out, sums = _nan_out(a.size), _nan_out(blocks_for(a.size, tpb))
+        _run(kernel, sums.size, tpb, a, out, sums)
+        return np.concatenate([out, sums])
+
+    def expected(a):
+        starts = np.arange(0, a.size, tpb)
+        local = np.concatenate([np.cumsum(a[s:s + tpb]) for s in starts])
+        return np.concatenate([local, np.add.reduceat(a, starts)])
+
+    def mistakes(a):
+        e = expected(a)
+        exclusive = np.concatenate([np.cumsum(a[s:s + tpb]) - a[s:s + tpb] for s in range(0, a.size, tpb)])
+        return {"that is the exclusive scan (each sum leaves out its own element)":
+                np.concatenate([exclusive, e[a.size:]])}
+
+    cases = [(rng().uniform(-2, 2, n),) for n in _sizes(tpb + 1, 3 * tpb, tpb)]
+    _shared_check(run_once, cases, expected,
+                  lambda a: f"[block scans of out, then block_sums] for n = {a.size}",
+                  hint="Hillis-Steele: at each step read buf[t - step] into a local, syncthreads, add, syncthreads.",
+                  mistakes_fn=mistakes)
+    # The whole prefix sum over several blocks, with your kernel for the block scans.
+    a = rng().uniform(-2, 2, int(tpb * rng().integers(3, 6) + rng().integers(1, tpb)))
+
+    def scan(x):
+        nb = blocks_for(x.size, tpb)
+        out, sums = np.empty_like(x), np.empty(nb)
+        _run(kernel, nb, tpb, x, out, sums)
+        if nb > 1:
+            _run(k_add_offsets, nb, tpb, out, scan(sums))
+        return out
+
+    _compare(scan(a), np.cumsum(a), f"the full prefix sum of {a.size} elements", rtol=1e-9, atol=1e-8)
+    return "3 random sizes, a rerun for races, and a prefix sum over several blocks"
+
+
+@exercise
+def row_sum(kernel, tpb):
+    """One block per row of a (rows, cols) matrix: out[row] = a[row, :].sum()."""
+    def run_once(a):
+        out = _nan_out(a.shape[0])
+        _run(kernel, a.shape[0], tpb, a, out)
+        return out
+
+    def mistakes(a):
+        return {"only the first tpb columns were summed: loop over col = t, t + tpb, t + 2*tpb, ...":
+                a[:, :tpb].sum(1)}
+
+    cases = [(rng().uniform(-2, 2, (int(rng().integers(2, 5)), c)),) for c in _sizes(tpb + 1, 4 * tpb, tpb)]
+    _shared_check(run_once, cases, lambda a: a.sum(1), lambda a: f"row sums of a {a.shape[0]}x{a.shape[1]} matrix",
+                  mistakes_fn=mistakes)
+    return "3 random shapes wider than a block, and a rerun for races"
+
+
+# ---- 14. and 15.: matrix multiply -------------------------------------------------------------
+
+def _matmul_cases():
+    cases = []
+    for _ in range(3):
+        m, k, n = (int(v) for v in rng().integers(5, 22, size=3))
+        while m == n:
+            n = int(rng().integers(5, 22))
+        cases.append((rng().uniform(-1, 1, (m, k)).astype(np.float32),
+                      rng().uniform(-1, 1, (k, n)).astype(np.float32)))
+    return cases
+
+
+def _run_matmul(kernel, block, A, B):
+    C = np.full((A.shape[0], B.shape[1]), np.nan, np.float32)
+    grid = (blocks_for(C.shape[1], block[0]), blocks_for(C.shape[0], block[1]))
+    try:
+        _run(kernel, grid, block, A, B, C)
+    except CheckFailed as e:
+        raise CheckFailed(f"{e}\n  hint: guard with C.shape; {GRID2_HINT}") from None
+    return C
+
+
+@exercise
+def matmul_naive(kernel):
+    """C = A @ B, one thread per element of C, blocks of 8x8."""
+    for A, B in _matmul_cases():
+        C = _run_matmul(kernel, (8, 8), A, B)
+        ref = A.astype(np.float64) @ B.astype(np.float64)
+        _compare(C, ref, f"C for A {A.shape} @ B {B.shape}", rtol=1e-4, atol=1e-5, hint=GRID2_HINT,
+                 mistakes={"the k loop stops one short: range(A.shape[1])": ref - np.outer(A[:, -1], B[-1])})
+    return "3 random non-square shapes"
+
+
+@exercise
+def matmul_tiled(kernel, tile):
+    """C = A @ B with tile x tile shared-memory tiles; K is never a multiple of the tile."""
+    def mat(r, c):
+        return rng().uniform(-1, 1, (r, c)).astype(np.float32)
+
+    first, cases = None, []
+    for k in (int(rng().integers(2, tile)),                       # K smaller than one tile
+              tile + int(rng().integers(1, tile)),                # one full tile and a partial one
+              2 * tile + int(rng().integers(1, tile))):           # two full tiles and a partial one
+        m, n = (int(v) for v in rng().choice(np.arange(5, 2 * tile), size=2, replace=False))
+        cases.append((mat(m, k), mat(k, n)))
+    run_once = lambda A, B: _run_matmul(kernel, (tile, tile), A, B)
+    for A, B in cases:
+        C = run_once(A, B)
+        first = C if first is None else first
+        A64, B64 = A.astype(np.float64), B.astype(np.float64)
+        full = A.shape[1] // tile * tile
+        _compare_or_race(run_once, (A, B), C, lambda y: _compare(
+            y, A64 @ B64, f"C for A {A.shape} @ B {B.shape} with {tile}x{tile} tiles", rtol=1e-4, atol=1e-5,
+            mistakes={"the last, partial tile of K was dropped: loop over ceil(K / TILE) tiles and load "
+                      "0 past the edge": A64[:, :full] @ B64[:full]}))
+    _race_check(run_once, cases[0], first, "C")
+    return f"{len(cases)} random shapes (K < tile, K between tiles), and a rerun for races"

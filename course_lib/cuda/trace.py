@@ -1,0 +1,284 @@
+"""Watch a kernel work: run it in plain Python and record every array access.
+
+    t = trace(k_pool3, grid=2, block=8, a=a, out=out)
+    t.draw()                        # one grid per array: who read and who wrote each cell
+    t.draw(highlight=(0, 3))        # only what thread 3 of block 0 touched
+    t.warp_report()                 # memory transactions and bank conflicts per warp access
+
+The kernel's own Python source runs, one Python thread per CUDA thread, with a stand-in
+for `numba.cuda` (the module-level name `cuda` in the kernel's globals is swapped for
+it). `syncthreads` is a real barrier. Every array, global or shared, is wrapped so
+that each read and write is logged with the block, thread, index and barrier phase.
+Unlike the simulator, the tracer also flags negative indices, which wrap silently.
+"""
+
+import linecache
+import sys
+import threading
+import types
+from collections import defaultdict, namedtuple
+
+import numpy as np
+
+import numba
+from numba import cuda as _real_cuda
+
+Access = namedtuple("Access", "block thread array index kind phase order")
+
+
+class TraceError(RuntimeError):
+    """A kernel did something a GPU would not allow (out of bounds, a negative index, a deadlock)."""
+
+
+class _Dim(namedtuple("Dim", "x y z")):
+    pass
+
+
+def _dim3(d):
+    d = (d,) if np.isscalar(d) else tuple(d)
+    return _Dim(*(tuple(int(v) for v in d) + (1, 1, 1))[:3])
+
+
+class _Array:
+    """A numpy array that logs each element access to the trace."""
+
+    def __init__(self, data, name, tracer):
+        self.data, self.name, self.tracer = data, name, tracer
+        self.shape, self.size, self.ndim, self.dtype = data.shape, data.size, data.ndim, data.dtype
+
+    def _index(self, idx):
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if len(idx) != self.ndim or not all(isinstance(i, (int, np.integer)) for i in idx):
+            raise TraceError(f"{self.name}[{idx}]: the tracer follows one element at a time")
+        idx = tuple(int(i) for i in idx)
+        for i, n in zip(idx, self.shape):
+            if i < 0:
+                raise TraceError(f"{self.name}{list(idx)} by {self.tracer.who()}: a negative index. "
+                                 f"The simulator would wrap it silently to the end of the array; "
+                                 f"a GPU would read memory before the array.")
+            if i >= n:
+                raise TraceError(f"{self.name}{list(idx)} by {self.tracer.who()}: out of bounds "
+                                 f"(shape {self.shape}). A guard `if i < n:` is missing.")
+        return idx
+
+    def __getitem__(self, idx):
+        idx = self._index(idx)
+        self.tracer.log(self.name, idx, "read")
+        return self.data[idx]
+
+    def __setitem__(self, idx, value):
+        idx = self._index(idx)
+        self.tracer.log(self.name, idx, "write")
+        self.data[idx] = value
+
+    def __len__(self):
+        return self.shape[0]
+
+
+class Tracer:
+    def __init__(self, grid, block):
+        self.grid, self.block = _dim3(grid), _dim3(block)
+        self.local = threading.local()
+        self.events = []
+        self.lock = threading.Lock()
+        self.shared = {}
+
+    def who(self):
+        return f"thread {tuple(self.local.thread)[:self._nd()]} of block {tuple(self.local.block)[:self._nd()]}"
+
+    def _nd(self):
+        return 3 if self.block.z > 1 or self.grid.z > 1 else 2 if self.block.y > 1 or self.grid.y > 1 else 1
+
+    def log(self, name, idx, kind):
+        loc = self.local
+        loc.order += 1
+        with self.lock:
+            self.events.append(Access(loc.blk_id, loc.thr_id, name, idx, kind, loc.phase, loc.order))
+
+    # --- the stand-in for numba.cuda -------------------------------------------------
+    def module(self):
+        tr = self
+
+        def grid(ndim):
+            b, t = tr.local.block, tr.local.thread
+            pos = [b[a] * tr.block[a] + t[a] for a in range(3)]
+            return pos[0] if ndim == 1 else tuple(pos[:ndim])
+
+        def syncthreads():
+            tr.local.phase += 1
+            try:
+                tr.barrier.wait(timeout=10)
+            except threading.BrokenBarrierError:
+                raise TraceError("syncthreads(): not every thread of the block reached this barrier "
+                                 "(one inside an `if` that some threads skip?). On a GPU this hangs "
+                                 "or corrupts results.") from None
+
+        def shared_array(shape, dtype):
+            caller = sys._getframe(1)
+            key = (tr.local.blk_id, caller.f_code.co_filename, caller.f_lineno)
+            with tr.lock:
+                if key not in tr.shared:
+                    dt = numba.np.numpy_support.as_dtype(dtype) if isinstance(dtype, numba.types.Type) else dtype
+                    name = f"{_target(caller)} (shared, block {key[0]})"
+                    arr = np.full(shape, np.nan) if np.dtype(dt).kind == "f" else np.zeros(shape, dt)
+                    tr.shared[key] = _Array(arr.astype(dt), name, tr)
+            return tr.shared[key]
+
+        def local_array(shape, dtype):
+            dt = numba.np.numpy_support.as_dtype(dtype) if isinstance(dtype, numba.types.Type) else dtype
+            return np.zeros(shape, dt)
+
+        class _Idx:
+            def __init__(self, attr):
+                self.attr = attr
+
+            def __get__(self, obj, cls=None):
+                return getattr(tr.local, self.attr)
+
+        # The parts of numba.cuda a kernel uses, answered for the calling Python thread.
+        cls = type("FakeCuda", (types.SimpleNamespace,), {"threadIdx": _Idx("thread"), "blockIdx": _Idx("block")})
+        return cls(blockDim=self.block, gridDim=self.grid, grid=grid, syncthreads=syncthreads,
+                   shared=types.SimpleNamespace(array=shared_array),
+                   local=types.SimpleNamespace(array=local_array))
+
+    # --- running -------------------------------------------------------------------------
+    def run(self, kernel, args):
+        fn = getattr(kernel, "py_func", kernel)
+        fake = self.module()
+        glob = {k: (fake if v is _real_cuda else v) for k, v in fn.__globals__.items()}
+        fn = types.FunctionType(fn.__code__, glob, fn.__name__, fn.__defaults__, fn.__closure__)
+        errors = []
+
+        def body(blk, thr, blk_id, thr_id):
+            loc = self.local
+            loc.block, loc.thread, loc.blk_id, loc.thr_id = _Dim(*blk), _Dim(*thr), blk_id, thr_id
+            loc.phase, loc.order = 0, 0
+            try:
+                fn(*args)
+            except Exception as e:          # noqa: BLE001  (reported after the block)
+                errors.append(e)
+                self.barrier.abort()
+
+        nthreads = int(np.prod(self.block))
+        for blk_id, blk in enumerate(np.ndindex(*self.grid[::-1])):
+            blk = blk[::-1]
+            self.barrier = threading.Barrier(nthreads)
+            threads = [threading.Thread(target=body, args=(blk, thr[::-1], blk_id, thr_id))
+                       for thr_id, thr in enumerate(np.ndindex(*self.block[::-1]))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                first = next((e for e in errors if not isinstance(e, TraceError) or "barrier" not in str(e)), errors[0])
+                raise first
+
+
+def _target(frame):
+    """The variable name on the kernel line that called cuda.shared.array (for labels)."""
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    return line.split("=")[0].strip() if "=" in line else "shared"
+
+
+class Trace:
+    """The accesses of one traced launch, with pictures and a memory report."""
+
+    def __init__(self, tracer, arrays):
+        self.grid, self.block = tracer.grid, tracer.block
+        self.events = sorted(tracer.events, key=lambda e: (e.block, e.thread, e.order))
+        self.arrays = dict(arrays)                           # name -> numpy array (results)
+        for arr in tracer.shared.values():
+            self.arrays[arr.name] = arr.data
+
+    def accesses(self, array=None, kind=None, block=None, thread=None):
+        return [e for e in self.events if (array is None or e.array == array) and (kind is None or e.kind == kind)
+                and (block is None or e.block == block) and (thread is None or e.thread == thread)]
+
+    def draw(self, arrays=None, highlight=None, kinds=("read", "write"), title=None):
+        """One panel per (array, read/write): each cell coloured by the block that touched it
+        and labelled with the thread(s) of that block. `highlight=(block, thread)` leaves
+        out everything but that thread's accesses; `(block, range(32))`, all but that block's first
+        warp; `(block, None)`, all but that block's.
+        Blocks and threads are numbered linearly (x fastest)."""
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Rectangle
+
+        names = [n for n in (arrays or self.arrays) if self.accesses(n)]
+        panels = [(n, k) for n in names for k in kinds if self.accesses(n, k)]
+        shapes = [self.arrays[n].shape if self.arrays[n].ndim == 2 else (1, self.arrays[n].size) for n, _ in panels]
+        if all(self.arrays[n].ndim == 2 for n, _ in panels):        # matrices side by side
+            widths = [c + 0.5 for _, c in shapes]
+            cell = min(0.42, 7 / max(sum(widths), max(r for r, _ in shapes)))     # inches per cell
+            fig, axes = plt.subplots(1, len(panels), squeeze=False, gridspec_kw={"width_ratios": widths},
+                                     figsize=(cell * sum(widths) + 1, cell * max(r for r, _ in shapes) + 1.2))
+            axes, width = axes[0], None
+        else:                                                          # vectors one under another
+            width = max(c for _, c in shapes)
+            heights = [r + 1.2 for r, _ in shapes]
+            cell = min(0.42, 14 / width)
+            fig, axes = plt.subplots(len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": heights},
+                                     figsize=(cell * width + 1, cell * sum(heights) + 0.6))
+            axes = axes[:, 0]
+        colors = plt.get_cmap("tab10").colors
+        for ax, (name, kind), (rows, cols) in zip(axes, panels, shapes):
+            who = defaultdict(set)
+            for e in self.accesses(name, kind):
+                if highlight is None or (e.block == highlight[0] and (
+                        highlight[1] is None or e.thread == highlight[1]
+                        or (not np.isscalar(highlight[1]) and e.thread in highlight[1]))):
+                    who[e.index if len(e.index) == 2 else (0, e.index[0])].add((e.block, e.thread))
+            for r in range(rows):
+                for c in range(cols):
+                    ts = who.get((r, c), set())
+                    blocks = sorted({b for b, _ in ts})
+                    face = colors[blocks[0] % 10] if len(blocks) == 1 else ("#555555" if blocks else "#ffffff")
+                    ax.add_patch(Rectangle((c, rows - 1 - r), 1, 1, facecolor=face, alpha=0.45 if ts else 1,
+                                           edgecolor="#444444", linewidth=0.6))
+                    if ts:
+                        tids = sorted(t for _, t in ts)
+                        label = str(tids[0]) if len(tids) == 1 else f"{len(tids)}×"
+                        ax.text(c + 0.5, rows - 0.5 - r, label, ha="center", va="center",
+                                fontsize=7 if cell > 0.3 else 5)
+            ax.set_xlim(-0.05, (width or cols) + 0.05)
+            ax.set_ylim(-0.05, rows + 0.05)
+            ax.set_aspect("equal")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            for s in ax.spines.values():
+                s.set_visible(False)
+            ax.set_title(f"{name}: {kind}s", fontsize=9, loc="left")
+        fig.suptitle(title or f"grid {tuple(self.grid)}, block {tuple(self.block)}\ncolour = block, "
+                     f"number = thread in block, n× = n threads", fontsize=9)
+        fig.tight_layout()
+        return fig
+
+    def warp_report(self, warp=32, segment_bytes=128, banks=32):
+        """For each array: the warp-wide accesses (the k-th access of every thread of a warp
+        happens together), the average number of 128-byte memory segments each touches
+        (1 = perfectly coalesced, for 4-byte data) and the worst shared-memory bank conflict
+        (threads that hit different 4-byte words in the same bank are served one after another)."""
+        groups = defaultdict(lambda: defaultdict(set))
+        for e in self.events:
+            a = self.arrays[e.array]
+            flat = int(np.ravel_multi_index(e.index, a.shape))
+            key = (e.array, e.kind, e.block, e.thread // warp, e.order)
+            groups[e.array][key].add(flat)
+        report = {}
+        for name, accesses in groups.items():
+            item = 4                                        # addresses as on a GPU with 4-byte words
+            segs = [len({f * item // segment_bytes for f in addrs}) for addrs in accesses.values()]
+            conflict = [max(np.bincount([f % banks for f in addrs], minlength=banks)) for addrs in accesses.values()]
+            report[name] = {"warp accesses": len(segs), "segments per access": round(float(np.mean(segs)), 2),
+                            "worst bank conflict": int(max(conflict))}
+        return report
+
+
+def trace(kernel, grid, block, **arrays):
+    """Run `kernel` in plain Python on copies of the named numpy arrays (keyword order =
+    argument order; scalars pass through) and return the Trace. Results land in
+    trace.arrays."""
+    tracer = Tracer(grid, block)
+    copies = {k: (np.array(v) if isinstance(v, np.ndarray) else v) for k, v in arrays.items()}
+    args = [(_Array(v, k, tracer) if isinstance(v, np.ndarray) else v) for k, v in copies.items()]
+    tracer.run(kernel, args)
+    return Trace(tracer, {k: v for k, v in copies.items() if isinstance(v, np.ndarray)})

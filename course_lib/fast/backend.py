@@ -1,0 +1,115 @@
+"""The Numba backend for chapter 02's tensor engine: `set_backend("numba")`.
+
+Each method turns TensorData views (storage, shape, strides, offset) into the int64 arrays
+the kernels of ops.py and matmul.py take, and calls them. Nothing is copied except by
+matmul, which makes its operands contiguous so its inner loop can run at stride 1.
+A 0-d tensor is run as shape (1,) with stride 0.
+
+Starting a parallel loop wakes the thread pool, which costs microseconds on an idle machine
+and milliseconds on a busy one. For small work one thread is faster, so `_threads` picks the
+number of threads per call from the amount of work (numba.set_num_threads is cheap).
+"""
+
+import functools
+
+import numba
+import numpy as np
+
+from course_lib.fast.indexing import as_int_array, broadcast_strides, contiguous_strides
+from course_lib.fast.matmul import matmul_kernel
+from course_lib.fast.ops import (MAP_NAMES, REDUCE_NAMES, ZIP_NAMES, map_kernel, reduce_kernel,
+                                 where_kernel, zip_kernel)
+from course_lib.tensor.backend import MAP_OPS, REDUCE_OPS, ZIP_OPS, Backend
+from course_lib.tensor.tensor_data import TensorData, shape_broadcast
+
+MAP_CODE = {name: i for i, name in enumerate(MAP_NAMES)}
+ZIP_CODE = {name: i for i, name in enumerate(ZIP_NAMES)}
+REDUCE_CODE = {name: i for i, name in enumerate(REDUCE_NAMES)}
+assert set(MAP_CODE) == set(MAP_OPS) and set(ZIP_CODE) == set(ZIP_OPS) and set(REDUCE_CODE) == set(REDUCE_OPS)
+
+
+PARALLEL_MIN = 1 << 18  # elements (or multiply-adds / 64 in matmul) below which one thread is faster
+
+
+def _threads(work):
+    numba.set_num_threads(1 if work < PARALLEL_MIN else numba.config.NUMBA_NUM_THREADS)
+
+
+def _fresh(shape, dtype):
+    shape = tuple(shape)
+    return TensorData(np.empty(int(np.prod(shape, dtype=np.int64)), dtype=dtype), shape)
+
+
+def _layout(view, shape):
+    """(storage, offset, strides as int64) of `view` read as `shape` (0-d runs as (1,))."""
+    return view.storage, view.offset, _strides(view.shape, view.strides, shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _strides(shape, strides, out_shape):
+    """Cached: a training loop asks for the same few layouts thousands of times."""
+    return as_int_array(broadcast_strides(shape, strides, out_shape) if out_shape else (0,))
+
+
+@functools.lru_cache(maxsize=4096)
+def _run_shape(shape):
+    return as_int_array(shape if shape else (1,))
+
+
+class NumbaBackend(Backend):
+    name = "numba"
+
+    def map(self, op, a, out=None):
+        out = _fresh(a.shape, a.dtype) if out is None else out
+        if out.size:
+            _threads(out.size)
+            map_kernel(MAP_CODE[op], out.storage, out.offset, _run_shape(out.shape), _layout(out, out.shape)[2],
+                       *_layout(a, out.shape))
+        return out
+
+    def zip(self, op, a, b, out=None):
+        if out is None:
+            out = _fresh(shape_broadcast(a.shape, b.shape), np.result_type(a.dtype, b.dtype))
+        if out.size:
+            _threads(out.size)
+            zip_kernel(ZIP_CODE[op], out.storage, out.offset, _run_shape(out.shape), _layout(out, out.shape)[2],
+                       *_layout(a, out.shape), *_layout(b, out.shape))
+        return out
+
+    def reduce(self, op, a, dim):
+        shape = a.shape[:dim] + (1,) + a.shape[dim + 1:]
+        out = _fresh(shape, a.dtype)
+        if out.size:
+            _threads(a.size)
+            reduce_kernel(REDUCE_CODE[op], out.storage, _run_shape(shape), a.storage, a.offset,
+                          _strides(a.shape, a.strides, a.shape), dim, a.shape[dim])
+        return out
+
+    def where(self, cond, a, b):
+        shape = shape_broadcast(shape_broadcast(cond.shape, a.shape), b.shape)
+        out = _fresh(shape, np.result_type(a.dtype, b.dtype))
+        if out.size:
+            _threads(out.size)
+            where_kernel(out.storage, _run_shape(shape), *_layout(cond, shape), *_layout(a, shape), *_layout(b, shape))
+        return out
+
+    def matmul(self, a, b):
+        (n, k), m = a.shape[-2:], b.shape[-1]
+        batch = shape_broadcast(a.shape[:-2], b.shape[:-2])
+        dtype = np.result_type(a.dtype, b.dtype)
+        out = np.zeros((int(np.prod(batch, dtype=np.int64)), n, m), dtype=dtype)
+        if out.size and k:
+            a3 = np.ascontiguousarray(a.to_numpy(), dtype=dtype).reshape(-1, n, k)
+            b3 = np.ascontiguousarray(b.to_numpy(), dtype=dtype).reshape(-1, k, m)
+            _threads(out.size * k // 64)
+            matmul_kernel(out, a3, b3, _run_shape(batch), _batch_strides(a.shape[:-2], batch),
+                          _batch_strides(b.shape[:-2], batch))
+        return TensorData(out.reshape(-1), batch + (n, m))
+
+
+def _batch_strides(shape, batch):
+    """Strides, in whole matrices, that read a's (or b's) batch dims as the broadcast `batch`."""
+    return as_int_array(broadcast_strides(shape, contiguous_strides(shape), batch) if batch else (0,))
+
+
+backend = NumbaBackend()

@@ -1,0 +1,54 @@
+"""Where element i of a strided view lives in flat storage.
+
+A view is (storage, offset, shape, strides): element `index` sits at
+`storage[offset + sum(index[d] * strides[d])]`. The kernels walk their output in row-major
+order, one ordinal 0 .. size-1 at a time, and need the storage position of that ordinal in
+every operand. `position` computes it with one divide per dimension and no temporary index
+array; it is small, so LLVM inlines it into the kernels' loops.
+
+Broadcasting needs no special case in the kernels: `broadcast_strides` gives a smaller
+operand the output's number of dims and stride 0 on every broadcast dimension, so every
+index along that dimension reads the same element.
+"""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def position(ordinal, shape, strides, offset):
+    """Row-major ordinal over `shape` -> position in storage of the view (strides, offset)."""
+    pos = np.int64(offset)
+    rest = np.int64(ordinal)  # a prange index may be unsigned; uint64 mixed with int64 gives float64
+    for d in range(len(shape) - 1, -1, -1):
+        pos += (rest % shape[d]) * strides[d]
+        rest //= shape[d]
+    return pos
+
+
+def contiguous_strides(shape):
+    """Row-major strides (in elements) of a fresh array of `shape`."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def broadcast_strides(shape, strides, out_shape):
+    """Strides that read a view of `shape` as if it had `out_shape` (numpy's broadcasting).
+
+    Dims are aligned on the right; a missing dim or a dim of size 1 gets stride 0.
+    """
+    extra = len(out_shape) - len(shape)
+    assert extra >= 0, f"cannot broadcast {shape} to {out_shape}"
+    result = [0] * extra
+    for n, s, m in zip(shape, strides, out_shape[extra:]):
+        assert n == m or n == 1, f"cannot broadcast {shape} to {out_shape}"
+        result.append(s if n == m else 0)
+    return tuple(result)
+
+
+def as_int_array(values):
+    """Shapes and strides go into kernels as int64 arrays (one compiled type for every ndim)."""
+    return np.asarray(values, dtype=np.int64).reshape(-1)

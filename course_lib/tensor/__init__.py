@@ -1,0 +1,23 @@
+"""Chapter 02: a PyTorch-like tensor library with autograd, modules and optimizers.
+
+Layers, one idea per file:
+    tensor_data.py    storage, shape, strides, views
+    backend.py        the backend interface (map, zip, reduce, matmul) and backend selection
+    numpy_backend.py  the numpy reference backend
+    autodiff.py       Function, Context, no_grad, and the backward pass
+    functions.py      every op: its forward and, beside it, its derivative rule
+    tensor.py         the Tensor class and its torch-like API
+    nn.py, optim.py   modules and optimizers
+    data.py           a tiny DataLoader
+"""
+
+from course_lib.tensor.backend import (  # noqa: F401
+    MAP_OPS, REDUCE_OPS, ZIP_OPS, Backend, BackendUnavailable, available_backends,
+    backend_status, current_backend, current_backend_name, get_backend, set_backend, use_backend)
+from course_lib.tensor.tensor_data import ShapeError, TensorData  # noqa: F401
+from course_lib.tensor.autodiff import Function, is_grad_enabled, no_grad  # noqa: F401,E402
+from course_lib.tensor.tensor import (  # noqa: F401,E402
+    Tensor, arange, cat, cross_entropy, float32, float64, generator, log_softmax, manual_seed, matmul, one_hot,
+    ones, rand, randn, softmax, stack, tensor, where, zeros, zeros_like)
+from course_lib.tensor import nn, optim  # noqa: F401,E402
+from course_lib.tensor.data import DataLoader  # noqa: F401,E402

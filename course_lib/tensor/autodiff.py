@@ -1,0 +1,129 @@
+"""Reverse-mode autodiff over tensors: Function, Context, and the backward pass.
+
+Every op is a `Function` with a `forward` (compute the value, save what the
+derivative needs in `ctx`) and a `backward` (given d(loss)/d(output), return
+d(loss)/d(input) for each input). `Function.apply` runs forward and records the
+op in the output tensor, so the outputs remember how they were made: that record
+is the graph that `backward` walks in reverse topological order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+_grad_enabled = [True]
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled[0]
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Ops inside the block record no graph (for evaluation and optimizer steps)."""
+    previous = _grad_enabled[0]
+    _grad_enabled[0] = False
+    try:
+        yield
+    finally:
+        _grad_enabled[0] = previous
+
+
+class Context:
+    """What forward leaves for backward: saved tensors (checked for in-place changes)."""
+
+
+    def __init__(self, op: str = "", needs_grad=()):
+        self.saved = ()
+        self.versions = ()
+        self.needs_grad = needs_grad
+        self.op = op
+
+    def save_for_backward(self, *tensors):
+        self.saved = tensors
+        self.versions = tuple(t._version for t in tensors)
+
+    @property
+    def saved_tensors(self):
+        for i, (t, v) in enumerate(zip(self.saved, self.versions)):
+            if t._version != v:
+                raise RuntimeError(
+                    f"{self.op}.backward: saved tensor {i} (shape {t.shape}) was changed in place "
+                    f"after the forward pass (version {v} -> {t._version}); its gradient would be wrong. "
+                    f"Use an out-of-place op (x = x + y, not x.add_(y)).")
+        return self.saved
+
+
+class Function:
+    """Base class of an op. Subclasses write `forward(ctx, *tensors, **kw) -> TensorData`
+    and `backward(ctx, grad) -> one gradient Tensor per tensor input (or None)`."""
+
+    @classmethod
+    def apply(cls, *inputs, **kwargs):
+        needs = tuple(t.requires_grad for t in inputs) if _grad_enabled[0] else ()
+        track = True in needs
+        ctx = Context(cls.__name__, needs)
+        out = _wrap(cls.forward(ctx, *inputs, **kwargs), track)
+        if track:
+            out._ctx = ctx
+            out._fn = cls
+            out._parents = inputs
+        return out
+
+    @staticmethod
+    def forward(ctx, *inputs, **kwargs):
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError
+
+
+def _wrap(data, requires_grad):
+    from course_lib.tensor.tensor import Tensor
+    return Tensor._wrap(data, requires_grad)
+
+
+def topological_order(root) -> list:
+    """Tensors that `root` depends on, each after all its inputs (iterative DFS, no recursion)."""
+    order, seen = [], set()
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        for parent in node._parents:
+            if parent.requires_grad and id(parent) not in seen:
+                stack.append((parent, False))
+    return order
+
+
+def backward(root, grad) -> None:
+    """Push d(root)/d(root) = grad back through the graph; leaves accumulate `.grad`."""
+    grads = {id(root): grad}
+    with no_grad():
+        for node in reversed(topological_order(root)):
+            g = grads.pop(id(node), None)
+            if g is None:
+                continue
+            if node._fn is None or node._retain:  # a leaf, or asked to keep its grad
+                node._accumulate(g)
+            if node._fn is None:
+                continue
+            in_grads = node._fn.backward(node._ctx, g)
+            if not isinstance(in_grads, tuple):
+                in_grads = (in_grads,)
+            for parent, pg in zip(node._parents, in_grads):
+                if pg is None or not parent.requires_grad:
+                    continue
+                if pg.shape != parent.shape:
+                    raise RuntimeError(
+                        f"{node._fn.__name__}.backward returned a gradient of shape {pg.shape} "
+                        f"for an input of shape {parent.shape}; sum it back to the input's shape")
+                key = id(parent)
+                grads[key] = pg if key not in grads else grads[key] + pg

@@ -1,0 +1,214 @@
+"""The backend interface: the four loops every tensor op is built from.
+
+Autograd, modules and optimizers never touch numbers directly. They call a backend,
+which runs one of four strided loops. Swap the backend and the whole library runs
+on other hardware: numpy here (chapter 02), Numba on the CPU (chapter 06), Numba
+CUDA (chapter 07).
+
+What a backend must implement
+-----------------------------
+A backend is an object with these four methods. Inputs and outputs are
+`TensorData` (see tensor_data.py): a flat host numpy storage (float32 or float64)
+plus shape, strides (in elements) and offset. Inputs may be any strided view
+(permuted, expanded with stride 0, sliced with an offset): never assume contiguous.
+Never write into an input. A device backend may copy storage to the device and back
+inside each call. Shapes may be () (a 0-d scalar) in map and zip; sizes may be 0.
+Storage dtype is float32 or float64; outputs keep the input dtype (zip: the wider).
+
+    map(op, a, out=None) -> TensorData
+        out[i] = f(a[i]) for the unary op named `op` (one of MAP_OPS).
+        out=None: allocate a fresh contiguous output of a's shape and dtype.
+        out given: write into that view (any strides, e.g. a slice of a bigger
+        array) and return it; a is broadcast to out.shape. map("id", a, out)
+        is how the library copies and scatters.
+
+    zip(op, a, b, out=None) -> TensorData
+        out[i] = f(a[i], b[i]) for the binary op named `op` (one of ZIP_OPS), with
+        a and b broadcast to shape_broadcast(a.shape, b.shape). dtype: the wider of
+        the two. Comparisons give 1.0 or 0.0 in that dtype. out as in map.
+
+    reduce(op, a, dim) -> TensorData
+        Reduce dimension `dim` (0 <= dim < a.dims) with the op named `op`
+        (one of REDUCE_OPS). The output is contiguous, with a.shape except
+        shape[dim] == 1 (keepdim). a.shape[dim] >= 1.
+
+    matmul(a, b) -> TensorData
+        Batched matrix product: a is (..., n, k), b is (..., k, m), both with at
+        least 2 dims; the batch dims (...) broadcast. Output: contiguous
+        (broadcast batch..., n, m).
+
+Shape checks (broadcast, matmul's k) happen in the tensor layer before a backend is
+called, so a backend may assume valid shapes. Everything else (where, cat, getitem's
+backward, softmax, ...) is composed from these four by the tensor layer; a backend
+may also override `where` for speed.
+
+This interface is frozen: later changes only add (new op names, optional methods).
+
+The ops, by name (a compiled backend turns each name into a kernel):
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+
+from course_lib.tensor.tensor_data import TensorData
+
+SQRT_2 = math.sqrt(2.0)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+#: unary ops for `map`, and the scalar function each one computes
+MAP_OPS = {
+    "id": "x",
+    "neg": "-x",
+    "exp": "exp(x)",
+    "log": "log(x)",
+    "sqrt": "sqrt(x)",
+    "inv": "1 / x",
+    "relu": "x if x > 0 else 0",
+    "step": "1 if x > 0 else 0          (relu's derivative)",
+    "sigmoid": "1 / (1 + exp(-x))        (stable for large |x|)",
+    "tanh": "tanh(x)",
+    "gelu": "x * 0.5 * (1 + erf(x / sqrt(2)))      (exact GELU, as torch's default)",
+    "gelu_grad": "0.5 * (1 + erf(x / sqrt(2))) + x * exp(-x*x/2) / sqrt(2*pi)",
+}
+
+#: binary ops for `zip`
+ZIP_OPS = {
+    "add": "x + y",
+    "sub": "x - y",
+    "mul": "x * y",
+    "div": "x / y",
+    "pow": "x ** y",
+    "max": "max(x, y)",
+    "eq": "1 if x == y else 0",
+    "ne": "1 if x != y else 0",
+    "lt": "1 if x < y else 0",
+    "le": "1 if x <= y else 0",
+    "gt": "1 if x > y else 0",
+    "ge": "1 if x >= y else 0",
+}
+
+#: reductions for `reduce`
+REDUCE_OPS = {
+    "sum": "x0 + x1 + ...        (start 0)",
+    "max": "max(x0, x1, ...)     (start -inf)",
+}
+
+__doc__ += "\n".join(
+    [f"    map  {k:10s} {v}" for k, v in MAP_OPS.items()]
+    + [f"    zip  {k:10s} {v}" for k, v in ZIP_OPS.items()]
+    + [f"    reduce {k:8s} {v}" for k, v in REDUCE_OPS.items()])
+
+
+class Backend:
+    """Base class of a backend. Subclasses implement map, zip, reduce and matmul."""
+
+    name = "abstract"
+
+    def map(self, op: str, a: TensorData, out: TensorData | None = None) -> TensorData:
+        raise NotImplementedError
+
+    def zip(self, op: str, a: TensorData, b: TensorData, out: TensorData | None = None) -> TensorData:
+        raise NotImplementedError
+
+    def reduce(self, op: str, a: TensorData, dim: int) -> TensorData:
+        raise NotImplementedError
+
+    def matmul(self, a: TensorData, b: TensorData) -> TensorData:
+        raise NotImplementedError
+
+    def where(self, cond: TensorData, a: TensorData, b: TensorData) -> TensorData:
+        """cond ? a : b elementwise, with broadcasting. Default: two zips (override for speed
+        and for inf/nan in the branch not taken)."""
+        picked_a = self.zip("mul", cond, a)
+        not_cond = self.zip("eq", cond, _scalar(0.0, cond.dtype))
+        return self.zip("add", picked_a, self.zip("mul", not_cond, b))
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"
+
+
+def _scalar(value, dtype) -> TensorData:
+    return TensorData.from_numpy([value], dtype=dtype).view(())
+
+
+# ---------------------------------------------------------------- selection
+
+#: backend name -> module exposing a module-level `backend` (imported on first use)
+REGISTRY = {
+    "numpy": "course_lib.tensor.numpy_backend",
+    "numba": "course_lib.fast.backend",
+    "cuda": "course_lib.cuda.backend",
+}
+
+_loaded: dict = {}
+_current = ["numpy"]
+
+
+class BackendUnavailable(RuntimeError):
+    """The named backend cannot be loaded here; the message says why."""
+
+
+def get_backend(name: str | None = None) -> Backend:
+    """The backend object for `name` (default: the current one), imported lazily."""
+    name = name or _current[0]
+    if name in _loaded:
+        return _loaded[name]
+    if name not in REGISTRY:
+        raise BackendUnavailable(f"unknown backend {name!r}; known: {sorted(REGISTRY)}")
+    module_name = REGISTRY[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise BackendUnavailable(f"backend {name!r}: module {module_name} does not exist yet") from None
+        raise BackendUnavailable(f"backend {name!r}: importing {module_name} failed: {e}") from e
+    except Exception as e:  # noqa: BLE001 - e.g. no CUDA driver
+        raise BackendUnavailable(f"backend {name!r}: importing {module_name} failed: {e}") from e
+    backend = getattr(module, "backend", None)
+    if backend is None:
+        raise BackendUnavailable(f"backend {name!r}: {module_name} has no module-level `backend`")
+    _loaded[name] = backend
+    return backend
+
+
+def backend_status(name: str) -> tuple[bool, str]:
+    """(True, "") if the backend loads, else (False, the reason)."""
+    try:
+        get_backend(name)
+        return True, ""
+    except BackendUnavailable as e:
+        return False, str(e)
+
+
+def available_backends() -> list[str]:
+    """Names of the backends that load on this machine."""
+    return [name for name in REGISTRY if backend_status(name)[0]]
+
+
+def current_backend() -> Backend:
+    return get_backend(_current[0])
+
+
+def current_backend_name() -> str:
+    return _current[0]
+
+
+def set_backend(name: str) -> Backend:
+    """Make `name` the backend every following op runs on. Returns the backend."""
+    backend = get_backend(name)
+    _current[0] = name
+    return backend
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """`with use_backend("numba"): ...` runs the block on that backend, then restores."""
+    previous = _current[0]
+    backend = set_backend(name)
+    try:
+        yield backend
+    finally:
+        _current[0] = previous

@@ -1,0 +1,423 @@
+"""Every op as a Function: the forward value and, right beside it, its derivative rule.
+
+forward(ctx, ...) works on raw data through the current backend and returns a
+TensorData. backward(ctx, grad) returns one gradient per tensor input, written with
+ordinary tensor ops (autograd is off while it runs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from course_lib.tensor.autodiff import Function
+from course_lib.tensor.backend import current_backend
+from course_lib.tensor.tensor_data import ShapeError, TensorData, shape_broadcast, slice_view
+
+
+# ------------------------------------------------------------ raw helpers
+
+def map_(op, a):
+    return current_backend().map(op, a.data)
+
+
+def zip_(op, a, b):
+    if a.shape != b.shape:
+        shape_broadcast(a.shape, b.shape, op)  # a clear error before any backend runs
+    return current_backend().zip(op, a.data, b.data)
+
+
+def unbroadcast(grad, shape):
+    """Sum a gradient back to the shape of the operand that was broadcast.
+
+    Broadcasting copies an operand along the new leading dims and its size-1 dims,
+    so each copy's gradient must be added up: sum over those dims, then reshape."""
+    if grad.shape == tuple(shape):
+        return grad
+    extra = grad.ndim - len(shape)
+    dims = tuple(range(extra)) + tuple(
+        extra + i for i, n in enumerate(shape) if n == 1 and grad.shape[extra + i] != 1)
+    return grad.sum(dims, keepdim=True).reshape(shape) if dims else grad.reshape(shape)
+
+
+# ------------------------------------------------------------ elementwise, binary
+
+class Add(Function):
+    """a + b;  d/da = 1, d/db = 1."""
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.shapes = (a.shape, b.shape)
+        return zip_("add", a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return unbroadcast(grad, ctx.shapes[0]), unbroadcast(grad, ctx.shapes[1])
+
+
+class Sub(Function):
+    """a - b;  d/da = 1, d/db = -1."""
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.shapes = (a.shape, b.shape)
+        return zip_("sub", a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return unbroadcast(grad, ctx.shapes[0]), unbroadcast(-grad, ctx.shapes[1])
+
+
+class Mul(Function):
+    """a * b;  d/da = b, d/db = a."""
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return zip_("mul", a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        ga = unbroadcast(grad * b, a.shape) if ctx.needs_grad[0] else None
+        gb = unbroadcast(grad * a, b.shape) if ctx.needs_grad[1] else None
+        return ga, gb
+
+
+class Div(Function):
+    """a / b;  d/da = 1/b, d/db = -a/b^2."""
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return zip_("div", a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        ga = unbroadcast(grad / b, a.shape) if ctx.needs_grad[0] else None
+        gb = unbroadcast(-grad * a / (b * b), b.shape) if ctx.needs_grad[1] else None
+        return ga, gb
+
+
+class Pow(Function):
+    """a ** b;  d/da = b * a^(b-1), d/db = a^b * log(a)."""
+    @staticmethod
+    def forward(ctx, a, b):
+        out = zip_("pow", a, b)
+        ctx.save_for_backward(a, b)
+        ctx.out = out
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        ga = unbroadcast(grad * b * a ** (b - 1.0), a.shape) if ctx.needs_grad[0] else None
+        gb = unbroadcast(grad * grad._new(ctx.out) * a.log(), b.shape) if ctx.needs_grad[1] else None
+        return ga, gb
+
+
+class Maximum(Function):
+    """max(a, b) elementwise; the gradient goes to the larger one (half each on a tie)."""
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return zip_("max", a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        a_wins = (a > b) + (a == b) * 0.5
+        return unbroadcast(grad * a_wins, a.shape), unbroadcast(grad * (1.0 - a_wins), b.shape)
+
+
+# ------------------------------------------------------------ elementwise, unary
+
+class Neg(Function):
+    """-a;  d/da = -1."""
+    @staticmethod
+    def forward(ctx, a):
+        return map_("neg", a)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -grad
+
+
+class Exp(Function):
+    """exp(a);  d/da = exp(a), the output itself."""
+    @staticmethod
+    def forward(ctx, a):
+        ctx.out = map_("exp", a)
+        return ctx.out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * grad._new(ctx.out)
+
+
+class Log(Function):
+    """log(a);  d/da = 1/a."""
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return map_("log", a)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (a,) = ctx.saved_tensors
+        return grad / a
+
+
+class Sqrt(Function):
+    """sqrt(a);  d/da = 1 / (2 sqrt(a))."""
+    @staticmethod
+    def forward(ctx, a):
+        ctx.out = map_("sqrt", a)
+        return ctx.out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / (grad._new(ctx.out) * 2.0)
+
+
+class ReLU(Function):
+    """max(a, 0);  d/da = 1 where a > 0, else 0."""
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return map_("relu", a)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (a,) = ctx.saved_tensors
+        return grad * grad._new(map_("step", a))
+
+
+class Sigmoid(Function):
+    """s = 1 / (1 + exp(-a));  d/da = s (1 - s)."""
+    @staticmethod
+    def forward(ctx, a):
+        ctx.out = map_("sigmoid", a)
+        return ctx.out
+
+    @staticmethod
+    def backward(ctx, grad):
+        s = grad._new(ctx.out)
+        return grad * s * (1.0 - s)
+
+
+class Tanh(Function):
+    """t = tanh(a);  d/da = 1 - t^2."""
+    @staticmethod
+    def forward(ctx, a):
+        ctx.out = map_("tanh", a)
+        return ctx.out
+
+    @staticmethod
+    def backward(ctx, grad):
+        t = grad._new(ctx.out)
+        return grad * (1.0 - t * t)
+
+
+class GELU(Function):
+    """a * Phi(a) (Phi: the normal CDF);  d/da = Phi(a) + a * phi(a)."""
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return map_("gelu", a)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (a,) = ctx.saved_tensors
+        return grad * grad._new(map_("gelu_grad", a))
+
+
+class Where(Function):
+    """cond ? a : b;  the gradient flows to the side that was picked."""
+    @staticmethod
+    def forward(ctx, cond, a, b):
+        shape = shape_broadcast(shape_broadcast(cond.shape, a.shape, "where"), b.shape, "where")
+        ctx.cond, ctx.shapes = cond, (a.shape, b.shape, shape)
+        return current_backend().where(cond.data, a.data, b.data)
+
+    @staticmethod
+    def backward(ctx, grad):
+        sa, sb, _ = ctx.shapes
+        zero = grad._new(TensorData.from_numpy(0.0, grad.dtype))
+        return (None, unbroadcast(grad.where(ctx.cond, zero), sa),
+                unbroadcast(zero.where(ctx.cond, grad), sb))
+
+
+# ------------------------------------------------------------ reductions
+
+class Sum(Function):
+    """Sum over `dim` (keepdim);  d/da = 1 for every summed element: expand grad back."""
+    @staticmethod
+    def forward(ctx, a, dim):
+        ctx.shape = a.shape
+        return current_backend().reduce("sum", a.data, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.expand(ctx.shape)
+
+
+class Max(Function):
+    """Max over `dim` (keepdim);  the gradient goes to the maximum (shared on ties)."""
+    @staticmethod
+    def forward(ctx, a, dim):
+        ctx.save_for_backward(a)
+        ctx.dim = dim
+        ctx.out = current_backend().reduce("max", a.data, dim)
+        return ctx.out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (a,) = ctx.saved_tensors
+        is_max = a == grad._new(ctx.out)
+        return grad * is_max / is_max.sum(ctx.dim, keepdim=True)
+
+
+# ------------------------------------------------------------ softmax
+
+class LogSoftmax(Function):
+    """a - max - log(sum(exp(a - max)));  d/da = grad - softmax * sum(grad)."""
+    @staticmethod
+    def forward(ctx, a, dim):
+        b = current_backend()
+        shifted = b.zip("sub", a.data, b.reduce("max", a.data, dim))  # exp never overflows
+        lse = b.map("log", b.reduce("sum", b.map("exp", shifted), dim))
+        ctx.out, ctx.dim = b.zip("sub", shifted, lse), dim
+        return ctx.out
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax = grad._new(ctx.out).exp()
+        return grad - softmax * grad.sum(ctx.dim, keepdim=True)
+
+
+class Softmax(Function):
+    """s = exp(a - max) / sum(...);  d/da = s * (grad - sum(grad * s))."""
+    @staticmethod
+    def forward(ctx, a, dim):
+        b = current_backend()
+        e = b.map("exp", b.zip("sub", a.data, b.reduce("max", a.data, dim)))
+        ctx.out, ctx.dim = b.zip("div", e, b.reduce("sum", e, dim)), dim
+        return ctx.out
+
+    @staticmethod
+    def backward(ctx, grad):
+        s = grad._new(ctx.out)
+        return s * (grad - (grad * s).sum(ctx.dim, keepdim=True))
+
+
+# ------------------------------------------------------------ matmul
+
+class MatMul(Function):
+    """a @ b for (..., n, k) @ (..., k, m);  d/da = grad @ b^T, d/db = a^T @ grad."""
+    @staticmethod
+    def forward(ctx, a, b):
+        if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
+            raise ShapeError(
+                f"matmul: shapes {a.shape} and {b.shape} do not match "
+                f"(a's last dim must equal b's second-to-last dim)")
+        shape_broadcast(a.shape[:-2], b.shape[:-2], "matmul (batch dims)")
+        ctx.save_for_backward(a, b)
+        return current_backend().matmul(a.data, b.data)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        ga = unbroadcast(grad @ b.transpose(-1, -2), a.shape) if ctx.needs_grad[0] else None
+        gb = unbroadcast(a.transpose(-1, -2) @ grad, b.shape) if ctx.needs_grad[1] else None
+        return ga, gb
+
+
+# ------------------------------------------------------------ shape ops (views where possible)
+
+class Permute(Function):
+    """Reorder dims (a view);  backward: permute back with the inverse order."""
+    @staticmethod
+    def forward(ctx, a, order):
+        ctx.order = order
+        return a.data.permute(*order)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.permute(*np.argsort(ctx.order).tolist())
+
+
+class Reshape(Function):
+    """Same numbers, new shape (a view if contiguous);  backward: reshape back."""
+    @staticmethod
+    def forward(ctx, a, shape):
+        ctx.shape = a.shape
+        data = a.data if a.data.is_contiguous() else current_backend().map("id", a.data)
+        return data.view(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.reshape(ctx.shape)
+
+
+class Expand(Function):
+    """Broadcast to a bigger shape (stride 0, a view);  backward: sum back."""
+    @staticmethod
+    def forward(ctx, a, shape):
+        ctx.shape = a.shape
+        return a.data.expand(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return unbroadcast(grad, ctx.shape)
+
+
+class GetItem(Function):
+    """Basic slicing (a view);  backward: scatter grad into zeros at the same place."""
+    @staticmethod
+    def forward(ctx, a, key):
+        ctx.shape, ctx.key = a.shape, key
+        return slice_view(a.data, key)
+
+    @staticmethod
+    def backward(ctx, grad):
+        full = TensorData.zeros(ctx.shape, grad.dtype)
+        current_backend().map("id", grad.data, out=slice_view(full, ctx.key))
+        return grad._new(full)
+
+
+class Cat(Function):
+    """Join along `dim`;  backward: each input gets its slice of grad."""
+    @staticmethod
+    def forward(ctx, *tensors, dim):
+        first = tensors[0].shape
+        for t in tensors[1:]:
+            if t.ndim != len(first) or any(x != y for i, (x, y) in enumerate(zip(t.shape, first)) if i != dim):
+                raise ShapeError(f"cat: shapes {[t.shape for t in tensors]} differ outside dim {dim}")
+        shape = list(first)
+        shape[dim] = sum(t.shape[dim] for t in tensors)
+        dtype = np.result_type(*[t.dtype for t in tensors])
+        out, start = TensorData.zeros(shape, dtype), 0
+        ctx.pieces, ctx.dim = [], dim
+        for t in tensors:
+            key = (slice(None),) * dim + (slice(start, start + t.shape[dim]),)
+            current_backend().map("id", t.data, out=slice_view(out, key))
+            ctx.pieces.append(key)
+            start += t.shape[dim]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tuple(grad[key] for key in ctx.pieces)
+
+
+class CrossEntropy(Function):
+    """mean_i -log_softmax(a)[i, target_i], fused;  d/da = (softmax(a) - one_hot) / batch."""
+    @staticmethod
+    def forward(ctx, a, one_hot):
+        b = current_backend()
+        log_p = LogSoftmax.forward(ctx, a, dim=1)
+        picked = b.reduce("sum", b.reduce("sum", b.zip("mul", log_p, one_hot.data), 1), 0)
+        ctx.one_hot, ctx.n = one_hot, a.shape[0]
+        return b.zip("div", b.map("neg", picked), TensorData.from_numpy(float(a.shape[0]), a.dtype)).view(())
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax = grad._new(ctx.out).exp()
+        return (softmax - ctx.one_hot) * (grad / float(ctx.n)), None

@@ -1,0 +1,106 @@
+"""The Numba backend agrees with the numpy backend and with PyTorch on strided views."""
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.fast.backend import backend as nb
+from course_lib.tensor.backend import MAP_OPS, REDUCE_OPS, ZIP_OPS, get_backend
+from course_lib.tensor.numpy_backend import backend as npb
+from course_lib.tensor.tensor_data import TensorData, slice_view
+
+RNG = np.random.default_rng(6)
+
+
+def views(dtype=np.float64):
+    """A contiguous, a permuted, a sliced (offset, step) and an expanded view, all of shape (3, 5, 7)."""
+    base = TensorData.from_numpy(RNG.uniform(-2, 2, (3, 5, 7)), dtype)
+    permuted = TensorData.from_numpy(RNG.uniform(-2, 2, (7, 3, 5)), dtype).permute(1, 2, 0)
+    sliced = slice_view(TensorData.from_numpy(RNG.uniform(-2, 2, (4, 11, 8)), dtype), (slice(1, 4), slice(0, 10, 2), slice(1, 8)))
+    expanded = TensorData.from_numpy(RNG.uniform(-2, 2, (5, 1)), dtype).expand((3, 5, 7))
+    return {"contiguous": base, "permuted": permuted, "sliced": sliced, "expanded": expanded}
+
+
+def close(x, y, dtype=np.float64):
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(x.to_numpy(), y.to_numpy(), rtol=tol, atol=tol, equal_nan=True)
+    assert x.shape == y.shape and x.dtype == y.dtype
+
+
+def test_registry_finds_the_backend():
+    assert get_backend("numba") is nb
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_map_every_op_every_layout(dtype):
+    for name, view in views(dtype).items():
+        for op in MAP_OPS:
+            close(nb.map(op, view), npb.map(op, view), dtype)
+
+
+def test_map_into_a_strided_out_and_scalars():
+    big = TensorData.zeros((6, 9), np.float64)
+    out = slice_view(big, (slice(1, 6, 2), slice(0, 9, 3)))  # (3, 3) view, offset 9
+    src = TensorData.from_numpy(RNG.uniform(-1, 1, (3,)), np.float64)
+    nb.map("id", src, out)
+    expected = np.zeros((6, 9))
+    expected[1:6:2, 0:9:3] = src.to_numpy()
+    np.testing.assert_array_equal(big.to_numpy(), expected)
+    scalar = TensorData.from_numpy([1.5], np.float64).view(())
+    assert nb.map("exp", scalar).shape == () and np.isclose(nb.map("exp", scalar).to_numpy(), np.exp(1.5))
+    empty = TensorData.zeros((0, 4))
+    assert nb.map("neg", empty).shape == (0, 4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_zip_every_op_with_broadcasting(dtype):
+    v = views(dtype)
+    row = TensorData.from_numpy(RNG.uniform(0.5, 2, (7,)), dtype)
+    col = TensorData.from_numpy(RNG.uniform(0.5, 2, (5, 1)), dtype)
+    for op in ZIP_OPS:
+        for a, b in [(v["permuted"], v["sliced"]), (v["expanded"], row), (col, v["permuted"]), (col, row)]:
+            if op == "pow":
+                a = nb.map("exp", a)  # a positive base
+            close(nb.zip(op, a, b), npb.zip(op, a, b), dtype)
+
+
+def test_zip_mixed_dtypes_and_special_values():
+    a = TensorData.from_numpy([1.0, -1.0, 0.0, np.nan, 2.0], np.float32)
+    b = TensorData.from_numpy([0.0, 0.0, 0.0, 1.0, np.nan], np.float64)
+    for op in ZIP_OPS:
+        close(nb.zip(op, a, b), npb.zip(op, a, b))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_reduce_every_dim(dtype):
+    for name, view in views(dtype).items():
+        for op in REDUCE_OPS:
+            for dim in range(3):
+                close(nb.reduce(op, view, dim), npb.reduce(op, view, dim), dtype)
+
+
+def test_where_keeps_inf_out_of_the_branch_not_taken():
+    cond = TensorData.from_numpy([[1.0], [0.0]], np.float64)
+    a = TensorData.from_numpy([np.inf, 1.0, 2.0], np.float64)
+    b = TensorData.from_numpy([3.0, 4.0, 5.0], np.float64)
+    close(nb.where(cond, a, b), npb.where(cond, a, b))
+
+
+@pytest.mark.parametrize("shape_a, shape_b", [((37, 70), (70, 19)), ((3, 5, 6), (6, 4)), ((2, 1, 5, 3), (4, 3, 2)),
+                                              ((1, 9), (9, 1)), ((0, 3), (3, 2))])
+def test_matmul_matches_torch(shape_a, shape_b):
+    a = RNG.uniform(-1, 1, shape_a)
+    b = RNG.uniform(-1, 1, shape_b)
+    yours = nb.matmul(TensorData.from_numpy(a, np.float64), TensorData.from_numpy(b, np.float64))
+    expected = (torch.tensor(a) @ torch.tensor(b)).numpy()
+    assert yours.shape == expected.shape
+    np.testing.assert_allclose(yours.to_numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_matmul_on_transposed_views():
+    a = TensorData.from_numpy(RNG.uniform(-1, 1, (65, 130)), np.float32).permute(1, 0)
+    b = TensorData.from_numpy(RNG.uniform(-1, 1, (33, 65)), np.float32).permute(1, 0)
+    yours = nb.matmul(a, b)
+    expected = torch.tensor(a.to_numpy(), dtype=torch.float64) @ torch.tensor(b.to_numpy(), dtype=torch.float64)
+    assert yours.dtype == np.float32
+    np.testing.assert_allclose(yours.to_numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)

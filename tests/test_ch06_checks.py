@@ -1,0 +1,302 @@
+"""Chapter 06's checks pass on reference kernels and reject plausible mistakes."""
+
+import numpy as np
+import numba
+import pytest
+from numba import njit, prange
+
+from checking import expect_failure
+from course_lib.checks import ch06 as check
+
+
+# ---- reference answers (the same code as solutions/06_numba_cpu.ipynb) ----------------------
+
+@njit(cache=True)
+def softplus(x, out):
+    for i in range(x.size):
+        out[i] = max(x[i], 0.0) + np.log1p(np.exp(-abs(x[i])))
+    return out
+
+
+@njit(cache=True)
+def position(ordinal, shape, strides, offset):
+    ordinal = np.int64(ordinal)
+    pos = offset
+    for d in range(len(shape) - 1, -1, -1):
+        pos += (ordinal % shape[d]) * strides[d]
+        ordinal //= shape[d]
+    return pos
+
+
+@njit(parallel=True, cache=True)
+def strided_map(fn, out, out_shape, out_strides, a, a_strides):
+    size = 1
+    for n in out_shape:
+        size *= n
+    for i in prange(size):
+        out[position(i, out_shape, out_strides, 0)] = fn(a[position(i, out_shape, a_strides, 0)])
+
+
+@njit(cache=True)
+def broadcast_position(ordinal, out_shape, shape, strides):
+    ordinal = np.int64(ordinal)
+    pos = 0
+    extra = len(out_shape) - len(shape)
+    for d in range(len(out_shape) - 1, -1, -1):
+        index = ordinal % out_shape[d]
+        ordinal //= out_shape[d]
+        if d >= extra and shape[d - extra] != 1:
+            pos += index * strides[d - extra]
+    return pos
+
+
+@njit(parallel=True, cache=True)
+def strided_zip(fn, out, out_shape, out_strides, a, a_shape, a_strides, b, b_shape, b_strides):
+    size = 1
+    for n in out_shape:
+        size *= n
+    for i in prange(size):
+        out[position(i, out_shape, out_strides, 0)] = fn(a[broadcast_position(i, out_shape, a_shape, a_strides)],
+                                                         b[broadcast_position(i, out_shape, b_shape, b_strides)])
+
+
+@njit(parallel=True, cache=True)
+def sum_kernel(out, out_shape, a, a_strides, dim, n):
+    for i in prange(out.size):
+        start = position(i, out_shape, a_strides, 0)
+        acc = 0.0
+        for k in range(n):
+            acc += a[start + k * a_strides[dim]]
+        out[i] = acc
+
+
+def sum_dim(a, shape, strides, dim):
+    out_shape = shape.copy()
+    out_shape[dim] = 1
+    out = np.empty(int(np.prod(out_shape)))
+    sum_kernel(out, out_shape, a, strides, dim, shape[dim])
+    return out.reshape(out_shape)
+
+
+@njit(parallel=True, cache=True)
+def matmul(out, a, b):
+    n, k = a.shape
+    m = b.shape[1]
+    for i in prange(n):
+        out[i, :] = 0.0
+        for kk in range(k):
+            aik = a[i, kk]
+            for j in range(m):
+                out[i, j] += aik * b[kk, j]
+
+
+def test_reference_passes(capsys):
+    check.softplus(softplus)
+    check.position(position)
+    check.strided_map(strided_map)
+    check.strided_zip(strided_zip)
+    check.sum_dim(sum_dim)
+    check.matmul(matmul)
+    assert capsys.readouterr().out.count("passed") == 6
+
+
+def stub(*args):
+    raise NotImplementedError("Exercise: replace this line with your code")
+
+
+@pytest.mark.parametrize("name", ["softplus", "position", "strided_map", "strided_zip", "sum_dim", "matmul"])
+def test_stubs_fail(name):
+    kernel = stub if name == "sum_dim" else njit(parallel=name in ("strided_map", "strided_zip", "matmul"))(stub)
+    expect_failure(getattr(check, name), kernel, match="not implemented yet")
+
+
+# ---- 1. softplus ------------------------------------------------------------------------------
+
+@njit(cache=True)
+def softplus_naive(x, out):
+    for i in range(x.size):
+        out[i] = np.log(1.0 + np.exp(x[i]))
+
+
+@njit(cache=True)
+def softplus_no_max(x, out):
+    for i in range(x.size):
+        out[i] = np.log1p(np.exp(-abs(x[i])))
+
+
+def softplus_python(x, out):
+    out[:] = np.logaddexp(0, x)
+
+
+@pytest.mark.parametrize("wrong, hint", [(softplus_naive, "overflows"), (softplus_no_max, "max(x, 0)"),
+                                         (softplus_python, "@njit")])
+def test_softplus_rejects(wrong, hint):
+    expect_failure(check.softplus, wrong, match=hint)
+
+
+# ---- 2. position ------------------------------------------------------------------------------
+
+@njit(cache=True)
+def position_contiguous(ordinal, shape, strides, offset):
+    return offset + ordinal
+
+
+@njit(cache=True)
+def position_no_offset(ordinal, shape, strides, offset):
+    return position(ordinal, shape, strides, 0)
+
+
+@njit(cache=True)
+def position_first_dim_fastest(ordinal, shape, strides, offset):
+    ordinal = np.int64(ordinal)
+    pos = offset
+    for d in range(len(shape)):
+        pos += (ordinal % shape[d]) * strides[d]
+        ordinal //= shape[d]
+    return pos
+
+
+@njit(cache=True)
+def position_unsigned(ordinal, shape, strides, offset):
+    pos = offset
+    for d in range(len(shape) - 1, -1, -1):
+        pos += (ordinal % shape[d]) * strides[d]
+        ordinal //= shape[d]
+    return pos
+
+
+@pytest.mark.parametrize("wrong, hint", [(position_contiguous, "ignored the strides"),
+                                         (position_unsigned, "np.int64(ordinal)"),
+                                         (position_no_offset, "offset"),
+                                         (position_first_dim_fastest, "differs")])
+def test_position_rejects(wrong, hint):
+    expect_failure(check.position, wrong, match=hint)
+
+
+# ---- 3. map -----------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def map_ignores_strides(fn, out, out_shape, out_strides, a, a_strides):
+    size = 1
+    for n in out_shape:
+        size *= n
+    for i in prange(size):
+        out[position(i, out_shape, out_strides, 0)] = fn(a[i])
+
+
+@njit(cache=True)
+def map_serial(fn, out, out_shape, out_strides, a, a_strides):
+    pass
+
+
+@pytest.mark.parametrize("wrong, hint", [(map_ignores_strides, "as if it were contiguous"),
+                                         (map_serial, "parallel=True")])
+def test_strided_map_rejects(wrong, hint):
+    expect_failure(check.strided_map, wrong, match=hint)
+
+
+# ---- 4. zip -----------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def zip_no_broadcast(fn, out, out_shape, out_strides, a, a_shape, a_strides, b, b_shape, b_strides):
+    size = 1
+    for n in out_shape:
+        size *= n
+    for i in prange(size):
+        out[position(i, out_shape, out_strides, 0)] = fn(a[position(i, a_shape, a_strides, 0)],
+                                                         b[position(i, b_shape, b_strides, 0)])
+
+
+@njit(parallel=True, cache=True)
+def zip_swapped(fn, out, out_shape, out_strides, a, a_shape, a_strides, b, b_shape, b_strides):
+    strided_zip(fn, out, out_shape, out_strides, b, b_shape, b_strides, a, a_shape, a_strides)
+
+
+@pytest.mark.parametrize("wrong, hint", [(zip_no_broadcast, "broadcasting"), (zip_swapped, "swapped")])
+def test_strided_zip_rejects(wrong, hint):
+    expect_failure(check.strided_zip, wrong, match=hint)
+
+
+# ---- 5. sum_dim -------------------------------------------------------------------------------
+
+def sum_dim_drops_dim(a, shape, strides, dim):
+    return sum_dim(a, shape, strides, dim).sum(axis=dim)
+
+
+@njit(parallel=True, cache=True)
+def racy_sum_kernel(out, out_shape, a, a_strides, dim, n):
+    """The race: threads split the reduced dim and read-modify-write the same out element.
+
+    The busy loop between the read and the write widens the race window, so that the race
+    shows on every run even on a loaded 2-core machine (where it is otherwise rare)."""
+    for i in range(out.size):
+        start = position(i, out_shape, a_strides, 0)
+        for k in prange(n):
+            old = out[i]
+            busy = 0.0
+            for s in range(100):
+                busy += np.sqrt(s + k)
+            out[i] = old + a[start + k * a_strides[dim]] + busy * 0.0
+
+
+def sum_dim_racy(a, shape, strides, dim):
+    out_shape = shape.copy()
+    out_shape[dim] = 1
+    out = np.zeros(int(np.prod(out_shape)))
+    racy_sum_kernel(out, out_shape, a, strides, dim, shape[dim])
+    return out.reshape(out_shape)
+
+
+def sum_dim_contiguous(a, shape, strides, dim):
+    return sum_dim(a, shape, np.array([int(np.prod(shape[d + 1:])) for d in range(len(shape))]), dim)
+
+
+@pytest.mark.parametrize("wrong, hint", [(sum_dim_drops_dim, "keepdim"), (sum_dim_contiguous, "ignored the strides")])
+def test_sum_dim_rejects(wrong, hint):
+    expect_failure(check.sum_dim, wrong, match=hint)
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="a race needs at least 2 threads")
+def test_sum_dim_rejects_a_race():
+    """A race shows only when two threads overlap in time, which a busy machine may not allow.
+    So: up to 4 tries; when it shows, the check must name it; when it never shows, skip (never pass)."""
+    for _ in range(4):
+        try:
+            check.sum_dim(sum_dim_racy)
+        except check.CheckFailed as e:
+            assert "race" in str(e), f"the failure message lacks 'race':\n{e}"
+            return
+    pytest.skip("the race never lost an update in 4 tries on this machine (the threads did not overlap)")
+
+
+# ---- 6. matmul --------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def matmul_no_zero(out, a, b):
+    n, k = a.shape
+    for i in prange(n):
+        for kk in range(k):
+            for j in range(b.shape[1]):
+                out[i, j] += a[i, kk] * b[kk, j]
+
+
+@njit(parallel=True, cache=True)
+def matmul_wrong_index(out, a, b):
+    n, k = a.shape
+    for i in prange(n):
+        for j in range(b.shape[1]):
+            acc = 0.0
+            for kk in range(k):
+                acc += a[i, kk] * b[j % k, kk % b.shape[1]]
+            out[i, j] = acc
+
+
+@njit(cache=True)
+def matmul_serial(out, a, b):
+    out[:] = a @ b
+
+
+@pytest.mark.parametrize("wrong, hint", [(matmul_no_zero, "not zero"), (matmul_wrong_index, "differs"),
+                                         (matmul_serial, "parallel=True")])
+def test_matmul_rejects(wrong, hint):
+    expect_failure(check.matmul, wrong, match=hint)
