@@ -2,7 +2,8 @@
 
 One idea per file:
     indexing.py  where element i of a strided view lives in flat storage (compiled, inlined)
-    ops.py       the scalar ops by name, and parallel strided map, zip and reduce kernels
+    ops.py       the scalar ops by name, parallel strided map, zip and reduce kernels, and flat
+                 per-op kernels for contiguous operands
     matmul.py    a parallel, tiled, batched matmul
     backend.py   the four kernels behind chapter 02's backend interface: `set_backend("numba")`
 

@@ -5,20 +5,25 @@ the kernels of ops.py and matmul.py take, and calls them. Nothing is copied exce
 matmul, which makes its operands contiguous so its inner loop can run at stride 1.
 A 0-d tensor is run as shape (1,) with stride 0.
 
+Most calls in a training loop are small, with contiguous operands (or a single number, like
+Adam's learning rate). map and zip send those to the flat, vectorized one-thread kernels of
+ops.py, and everything else (big, permuted, sliced or broadcast) to the parallel strided kernels.
+
 Starting a parallel loop wakes the thread pool, which costs microseconds on an idle machine
 and milliseconds on a busy one. For small work one thread is faster, so `_threads` picks the
-number of threads per call from the amount of work (numba.set_num_threads is cheap).
+number of threads per call from the amount of work.
 """
 
 import functools
+import math
 
 import numba
 import numpy as np
 
 from course_lib.fast.indexing import as_int_array, broadcast_strides, contiguous_strides
 from course_lib.fast.matmul import matmul_kernel
-from course_lib.fast.ops import (MAP_NAMES, REDUCE_NAMES, ZIP_NAMES, map_kernel, reduce_kernel,
-                                 where_kernel, zip_kernel)
+from course_lib.fast.ops import (MAP_NAMES, REDUCE_NAMES, ZIP_NAMES, flat_map, flat_zip, map_kernel,
+                                 reduce_kernel, where_kernel, zip_kernel)
 from course_lib.tensor.backend import MAP_OPS, REDUCE_OPS, ZIP_OPS, Backend
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
 
@@ -28,16 +33,23 @@ REDUCE_CODE = {name: i for i, name in enumerate(REDUCE_NAMES)}
 assert set(MAP_CODE) == set(MAP_OPS) and set(ZIP_CODE) == set(ZIP_OPS) and set(REDUCE_CODE) == set(REDUCE_OPS)
 
 
-PARALLEL_MIN = 1 << 18  # elements (or multiply-adds / 64 in matmul) below which one thread is faster
+PARALLEL_MIN = 1 << 17  # elements (or multiply-adds / 16 in matmul) below which one thread is faster
 
 
 def _threads(work):
-    numba.set_num_threads(1 if work < PARALLEL_MIN else numba.config.NUMBA_NUM_THREADS)
+    count = 1 if work < PARALLEL_MIN else numba.config.NUMBA_NUM_THREADS
+    if count != numba.get_num_threads():
+        numba.set_num_threads(count)
 
 
 def _fresh(shape, dtype):
     shape = tuple(shape)
-    return TensorData(np.empty(int(np.prod(shape, dtype=np.int64)), dtype=dtype), shape)
+    return TensorData.contiguous(np.empty(math.prod(shape), dtype=dtype), shape)
+
+
+def _flat(view):
+    """The elements of a contiguous view, as a 1-D numpy array (no copy)."""
+    return view.storage[view.offset:view.offset + view.size]
 
 
 def _layout(view, shape):
@@ -61,8 +73,13 @@ class NumbaBackend(Backend):
 
     def map(self, op, a, out=None):
         out = _fresh(a.shape, a.dtype) if out is None else out
-        if out.size:
-            _threads(out.size)
+        size = out.size
+        if not size:
+            return out
+        if size < PARALLEL_MIN and a.size == size and a.is_contiguous() and out.is_contiguous():
+            flat_map(MAP_CODE[op])(_flat(out), _flat(a))
+        else:
+            _threads(size)
             map_kernel(MAP_CODE[op], out.storage, out.offset, _run_shape(out.shape), _layout(out, out.shape)[2],
                        *_layout(a, out.shape))
         return out
@@ -70,8 +87,14 @@ class NumbaBackend(Backend):
     def zip(self, op, a, b, out=None):
         if out is None:
             out = _fresh(shape_broadcast(a.shape, b.shape), np.result_type(a.dtype, b.dtype))
-        if out.size:
-            _threads(out.size)
+        size = out.size
+        if not size:
+            return out
+        if (size < PARALLEL_MIN and a.size in (1, size) and b.size in (1, size) and a.is_contiguous()
+                and b.is_contiguous() and out.is_contiguous()):
+            flat_zip(ZIP_CODE[op], a.size < size, b.size < size)(_flat(out), _flat(a), _flat(b))
+        else:
+            _threads(size)
             zip_kernel(ZIP_CODE[op], out.storage, out.offset, _run_shape(out.shape), _layout(out, out.shape)[2],
                        *_layout(a, out.shape), *_layout(b, out.shape))
         return out
@@ -101,7 +124,7 @@ class NumbaBackend(Backend):
         if out.size and k:
             a3 = np.ascontiguousarray(a.to_numpy(), dtype=dtype).reshape(-1, n, k)
             b3 = np.ascontiguousarray(b.to_numpy(), dtype=dtype).reshape(-1, k, m)
-            _threads(out.size * k // 64)
+            _threads(out.size * k // 16)
             matmul_kernel(out, a3, b3, _run_shape(batch), _batch_strides(a.shape[:-2], batch),
                           _batch_strides(b.shape[:-2], batch))
         return TensorData(out.reshape(-1), batch + (n, m))

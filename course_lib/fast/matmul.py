@@ -14,7 +14,7 @@ from numba import njit, prange
 
 from course_lib.fast.indexing import position
 
-TI, TK = 64, 32
+TI, TK = 16, 64  # small row blocks: even a 64-row batch splits across the threads
 
 
 @njit(parallel=True, cache=True)

@@ -5,12 +5,19 @@ One compiled kernel serves every op: the op arrives as a small integer and `unar
 perfectly, and we compile 3 kernels per dtype instead of one per op (compiling a parallel
 kernel costs about 2 s).
 
-Each kernel splits its output into blocks of up to BLOCK elements along the last dim and
+For the common small case, where every operand is contiguous (or a single number broadcast
+to all), `flat_map` and `flat_zip` build one small single-threaded kernel per op instead: the
+op is a constant captured by the kernel, so Numba folds the branch away and LLVM vectorizes
+the flat loop (4 to 8 elements per instruction). Each compiles on first use (about 0.2 s, a
+third of a parallel kernel) and is cached on disk.
+
+Each general kernel splits its output into blocks of up to BLOCK elements along the last dim and
 runs the blocks in parallel with `prange`. Within a block, every operand advances by its
 own last-dim stride, so permuted, sliced and broadcast (stride 0) views need no copy.
 `error_model="numpy"` makes 1/0 give inf (as numpy does) instead of raising.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -154,6 +161,7 @@ def reduce_kernel(op, out, out_shape, a, a_offset, a_strides, dim, n):
         for j in range(width):
             out[first + j] = acc[j]
 
+
 @njit(parallel=True, **_JIT)
 def where_kernel(out, shape, c, c_offset, c_strides, a, a_offset, a_strides, b, b_offset, b_strides):
     """out[i] = a[i] if c[i] != 0 else b[i], into the contiguous `out`; inputs broadcast to shape."""
@@ -163,3 +171,26 @@ def where_kernel(out, shape, c, c_offset, c_strides, a, a_offset, a_strides, b, 
             out[i] = a[position(i, shape, a_strides, a_offset)]
         else:
             out[i] = b[position(i, shape, b_strides, b_offset)]
+
+
+@functools.cache
+def flat_map(op):
+    """A kernel out[i] = unary(op, a[i]) for contiguous out and a of the same size."""
+    @njit(**_JIT)
+    def kernel(out, a):
+        for i in range(out.size):
+            out[i] = unary(op, a[i])
+    return kernel
+
+
+@functools.cache
+def flat_zip(op, a_is_scalar, b_is_scalar):
+    """A kernel out[i] = binary(op, a[i], b[i]) for contiguous operands; an operand flagged
+    as scalar has one element, read at every i. Op and flags are constants of the kernel."""
+    @njit(**_JIT)
+    def kernel(out, a, b):
+        for i in range(out.size):
+            x = a[0] if a_is_scalar else a[i]
+            y = b[0] if b_is_scalar else b[i]
+            out[i] = binary(op, x, y)
+    return kernel
