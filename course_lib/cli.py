@@ -126,9 +126,10 @@ def ensure_dot():
     if shutil.which("dot"):
         return True
     if platform.system() == "Linux" and os.geteuid() == 0 and shutil.which("apt-get"):
-        print("Installing Graphviz (apt-get install graphviz) ...")
-        subprocess.run(["apt-get", "install", "-y", "-qq", "graphviz"], check=False,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        print("Installing Graphviz (apt-get update; apt-get install graphviz) ...")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)  # a fresh container has no package lists
+        subprocess.run(["apt-get", "install", "-y", "-qq", "graphviz"], check=False, env=env)
         if shutil.which("dot"):
             return True
     print(f"{YELLOW}Graphviz's `dot` is missing, so graph pictures will not render. Install it with:\n"

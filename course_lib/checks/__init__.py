@@ -187,7 +187,8 @@ def require(condition, message, hint=None):
 # ---- random cases -------------------------------------------------------------------------
 
 def random_shape(ndim, low=1, high=9):
-    """A random shape whose sizes are mostly odd and not multiples of a block."""
+    """A random shape, each size drawn uniformly from low..high: odd and even sizes alike, so a
+    kernel or a formula that silently assumes square, even or block-sized inputs gets caught."""
     return tuple(int(s) for s in rng().integers(low, high + 1, size=ndim))
 
 

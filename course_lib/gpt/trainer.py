@@ -105,11 +105,11 @@ def train(model, get_batch, cfg, progress=True, optimizer=None):
         if cfg.eval_interval and it % cfg.eval_interval == 0:
             evaluate(it)
             bar.set_postfix(train=f"{history['train_loss'][-1]:.3f}", val=f"{history['val_loss'][-1]:.3f}")
+        t0 = time.perf_counter()  # the whole iteration, as nanoGPT times it: schedule, batch, step
         lr = lr_at(it, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, y = get_batch("train")
-        t0 = time.perf_counter()
         loss = train_step(model, optimizer, x.to(device), y.to(device), cfg.grad_clip)
         step_ms.append(1000 * (time.perf_counter() - t0))
         history["iter"].append(it)
