@@ -30,24 +30,29 @@ def cmd_sync(args=None):
 
 
 def cmd_status(args):
+    """A table: one row per exercise, grouped by chapter, then a count per chapter."""
     done = progress.load()
-    total = passed = 0
+    rows, counts = [], []
     for _, ex in build.pairs():
-        chapter = ex.name[:2]
+        results = done.get(ex.name[:2], {})
         names = build.check_names(nbtools.read(ex))
-        results = done.get(chapter, {})
-        print(f"\n{ex.stem}")
-        for name in names:
+        n_passed = 0
+        for i, name in enumerate(names):
             r = results.get(name)
-            total += 1
-            if r is None:
-                print(f"  {'not started':12s} {name}")
-            elif r["passed"]:
-                passed += 1
-                print(f"  {GREEN}{'passed':12s}{RESET} {name}")
-            else:
-                print(f"  {RED}{'failed':12s}{RESET} {name}  ({r['message'].splitlines()[0][:70]})")
-    print(f"\n{passed} of {total} exercises passed.")
+            state = "not started" if r is None else "passed" if r["passed"] else "failed"
+            n_passed += state == "passed"
+            note = f"  {r['message'].splitlines()[0][:60]}" if state == "failed" else ""
+            rows.append((ex.stem if i == 0 else "", name, state, note))
+        counts.append((ex.stem, n_passed, len(names)))
+    colour = {"passed": GREEN, "failed": RED, "not started": ""}
+    print(f"{'chapter':22s} {'exercise':26s} status")
+    for chapter, name, state, note in rows:
+        if chapter:
+            print("-" * 60)
+        print(f"{chapter:22s} {name:26s} {colour[state]}{state}{RESET if colour[state] else ''}{note}")
+    print("-" * 60)
+    print("  ".join(f"{c[:2]}: {p}/{n}" for c, p, n in counts))
+    print(f"{sum(p for _, p, _ in counts)} of {sum(n for _, _, n in counts)} exercises passed.")
 
 
 def check_notebook(path, timeout=600):
