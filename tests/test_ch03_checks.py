@@ -193,7 +193,29 @@ def fold_only_binary(outputs):
     return G.passes.rewrite(outputs, rule)
 
 
-@pytest.mark.parametrize("wrong, hint", [(fold_through_variables, "variable changed"),
+def fold_any_constant_input(outputs):
+    """`any` for `all`: folds x * 2.0 too, and crashes on x's missing value."""
+    def rule(node):
+        if node.inputs and node.op.name != "assign" and any(i.op.name == "constant" for i in node.inputs):
+            return ops.constant(node.op.compute(node, *[i.attrs["value"] for i in node.inputs]))
+    return G.passes.rewrite(outputs, rule)
+
+
+def fold_placeholders_as_zeros(outputs):
+    """Treats a placeholder as a constant zero, so x * 2.0 becomes a constant."""
+    def value(i):
+        return i.attrs["value"] if i.op.name == "constant" else np.zeros(i.shape)
+
+    def rule(node):
+        if node.inputs and node.op.name != "assign" and all(i.op.name in ("constant", "placeholder")
+                                                            for i in node.inputs):
+            return ops.constant(node.op.compute(node, *[value(i) for i in node.inputs]))
+    return G.passes.rewrite(outputs, rule)
+
+
+@pytest.mark.parametrize("wrong, hint", [(fold_through_variables, "depend on variable v"),
+                                         (fold_any_constant_input, "reads placeholder x"),
+                                         (fold_placeholders_as_zeros, "depend on placeholder x into constants"),
                                          (fold_only_binary, "down to"), (lambda outs: outs, "down to")])
 def test_fold_constants_rejects(wrong, hint):
     expect_failure(check.fold_constants, wrong, match=hint)

@@ -109,6 +109,54 @@ def test_errors_are_clear():
         G.Session().run(y, {x: np.arange(10.0).reshape(2, 5)})
 
 
+@pytest.mark.parametrize("build, match", [
+    (lambda x, s, b: x.sum(dim=2), r"sum: dimension 2 is out of range for shape \(3, 4\)"),
+    (lambda x, s, b: x.sum(dim=-3), r"sum: dimension -3 is out of range"),
+    (lambda x, s, b: x.mean(dim=(1, -1)), r"sum: dimensions \(1, -1\) repeat"),
+    (lambda x, s, b: s.sum(dim=0), r"sum: dimension 0 is out of range for shape \(\).*scalar"),
+    (lambda x, s, b: s.sum(dim=-1, keepdim=True), r"scalar"),
+    (lambda x, s, b: x.reshape(5, -1), r"reshape: cannot view \(3, 4\) \(12 elements\) as \(5, -1\)"),
+    (lambda x, s, b: x.reshape(5, 3), r"reshape: cannot view \(3, 4\)"),
+    (lambda x, s, b: x.reshape(-1, -1), r"at most one -1"),
+    (lambda x, s, b: b.reshape(6), r"reshape: cannot view \(None, 4\) \(4 elements times the unknown"),
+    (lambda x, s, b: x @ x, r"matmul: inner dimensions differ: \(3, 4\) @ \(3, 4\)"),
+    (lambda x, s, b: x @ s, r"matmul: both inputs must be 2-D"),
+    (lambda x, s, b: x + G.placeholder((3,)), r"add: shapes \(3, 4\) and \(3,\) do not broadcast"),
+    (lambda x, s, b: G.softmax(s), r"softmax: needs at least 1 dimension"),
+    (lambda x, s, b: G.softmax_cross_entropy(x, G.placeholder((3,))), r"softmax_cross_entropy: .*\(3,\)"),
+    (lambda x, s, b: G.placeholder((2.5, 3)), r"placeholder: \(2.5, 3\) is not a shape"),
+])
+def test_shape_errors_at_definition_time(build, match):
+    with G.Graph():
+        x, s, b = G.placeholder((3, 4), name="x"), G.placeholder((), name="s"), G.placeholder((None, 4), name="b")
+        with pytest.raises(G.ShapeError, match=match):
+            build(x, s, b)
+
+
+def test_valid_dims_and_reshapes_still_work():
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(3, 4))
+    with G.Graph():
+        x, b = G.placeholder((3, 4)), G.placeholder((None, 4))
+        outs = [x.sum(dim=-1), x.sum(dim=(0, 1)), x.sum(dim=-2, keepdim=True), x.reshape(2, -1), b.reshape(-1, 2),
+                b.reshape(8), G.placeholder(()).sum()]
+    assert [o.shape for o in outs] == [(3,), (), (1, 4), (2, 6), (None, 2), (8,), ()]
+    vals = G.Session().run(outs[:6], {x: X, b: X[:2]})
+    for mine, ref in zip(vals, [X.sum(-1), X.sum(), X.sum(-2, keepdims=True), X.reshape(2, 6), X[:2].reshape(-1, 2),
+                                X[:2].reshape(8)]):
+        np.testing.assert_array_equal(mine, ref)
+
+
+def test_gradient_of_a_sum_over_an_unknown_batch_dimension():
+    X = np.random.default_rng(7).normal(size=(4, 3))
+    with G.Graph():
+        x = G.placeholder((None, 3))
+        (g0,) = G.gradients((x * x).sum(dim=1).sum(), [x])
+        (g1,) = G.gradients((x.exp().mean(dim=0) * 2.0).sum(), [x])
+    np.testing.assert_allclose(G.Session().run(g0, {x: X}), 2 * X, rtol=1e-12)
+    np.testing.assert_allclose(G.Session().run(g1, {x: X}), 2 * np.exp(X) / 4, rtol=1e-12)
+
+
 def test_sgd_step_trains_and_variables_persist():
     rng = np.random.default_rng(3)
     X, true_w = rng.normal(size=(40, 3)), np.array([[1.5], [-2.0], [0.7]])

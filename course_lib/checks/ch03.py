@@ -253,23 +253,45 @@ def _pass_graph():
     return x, v, y, bump, size
 
 
-def _check_pass(your_pass, reference_pass, name, hint):
+def _readers(outputs, leaf):
+    """How many nodes of the graph depend on leaf (leaf included)."""
+    depends = set()
+    for n in G.topo_order(outputs):
+        if n is leaf or any(i in depends for i in n.inputs):
+            depends.add(n)
+    return len(depends)
+
+
+def _check_pass(your_pass, reference_pass, name, hint, folding=False):
     for _ in range(3):
         with G.Graph():
             x, v, y, bump, size = _pass_graph()
         before = G.count_nodes([y])
-        new = your_pass([y])
+        try:
+            new = your_pass([y])
+        except Exception as e:
+            raise CheckFailed(f"{name} raised {type(e).__name__}: {e}, on a graph whose output reads placeholder "
+                              f"{x.name} and variable {v.name}.\n  hint: {hint}") from e
         require(isinstance(new, (list, tuple)) and len(new) == 1 and isinstance(new[0], G.Node),
                 f"{name} should return a list with one new output node per output, got {fmt(new)}.")
+        reference = reference_pass([y])
+        diagnosis = hint
+        for leaf in (x, v):
+            require(leaf in G.topo_order(new), f"the optimized graph no longer reads {leaf.op.name} {leaf.name}: the "
+                    f"nodes that depend on it were replaced by constants, so later runs would ignore its new value.",
+                    hint=hint)
+            if folding and _readers(new, leaf) < _readers(reference, leaf):
+                diagnosis = (f"your pass turned nodes that depend on {leaf.op.name} {leaf.name} into constants, "
+                             f"but its value changes from run to run: fold only when ALL inputs are constants.")
         sess_a, sess_b = G.Session(), G.Session()
         for step in range(2):
             X = rng().normal(size=(size,))
             assert_close(sess_b.run(new[0], {x: X}), sess_a.run(y, {x: X}),
                          what=f"the optimized graph's output (run {step + 1}{', after the variable changed' if step else ''})",
-                         rtol=1e-12, atol=1e-12, hint=hint)
+                         rtol=1e-12, atol=1e-12, hint=diagnosis)
             sess_a.run(bump)
             sess_b.run(bump)
-        expected = G.count_nodes(reference_pass([y]))
+        expected = G.count_nodes(reference)
         got = G.count_nodes(new)
         require(got <= expected, f"{name} left {got} nodes; it can get the graph from {before} down to {expected}.")
     return "3 random graphs, re-run after a variable changed"
@@ -279,7 +301,7 @@ def _check_pass(your_pass, reference_pass, name, hint):
 def fold_constants(fold_constants):
     return _check_pass(fold_constants, G.fold_constants, "constant folding",
                        "fold a node only when ALL its inputs are constants: a node that reads a placeholder "
-                       "or a variable must stay, since its value changes from run to run.")
+                       "or a variable must stay, since its value changes from run to run.", folding=True)
 
 
 @exercise

@@ -1,6 +1,6 @@
 """Pictures of graphs, through course_lib.viz.draw_graph."""
 
-from course_lib.graph.node import topo_order
+from course_lib.graph.node import Graph, topo_order
 from course_lib.viz import draw_graph
 
 KINDS = {"placeholder": "input", "variable": "param", "constant": "const"}
@@ -20,7 +20,11 @@ def label(node):
 
 
 def draw(outputs, title=None, rankdir="LR"):
-    """Draw every node the outputs need, inputs to outputs."""
+    """Draw every node the outputs need, inputs to outputs. Given a Graph, draw all of its
+    nodes, dead ones included; the nodes nothing reads are drawn as outputs."""
+    if isinstance(outputs, Graph):
+        used = {i for n in outputs.nodes for i in n.inputs}
+        outputs = [n for n in outputs.nodes if n not in used]
     outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     nodes, edges = [], []
     for n in topo_order(outputs):

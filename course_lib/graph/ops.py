@@ -27,10 +27,17 @@ def broadcast_shape(a, b, op):
     return tuple(out)
 
 
-def _axes(dim, ndim):
+def _axes(dim, ndim, op="sum", shape=None):
+    """The dimensions `dim` names, as sorted non-negative ints; each must lie in -ndim..ndim-1."""
     if dim is None:
         return tuple(range(ndim))
-    return tuple(sorted(d % ndim for d in (dim if isinstance(dim, (tuple, list)) else (dim,))))
+    dims = tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
+    bad = [d for d in dims if not isinstance(d, (int, np.integer)) or not -ndim <= d < ndim]
+    if bad or len(set(d % ndim for d in dims)) < len(dims):
+        what = f"dimension {bad[0]} is out of range" if bad else f"dimensions {dims} repeat"
+        allowed = f"dims from {-ndim} to {ndim - 1}" if ndim else "no dims (it is a scalar)"
+        raise ShapeError(f"{op}: {what} for shape {shape if shape is not None else ndim}, which has {allowed}")
+    return tuple(sorted(d % ndim for d in dims))
 
 
 class Op:
@@ -54,7 +61,11 @@ class Op:
 class Placeholder(Op):
     name = "placeholder"
     def __call__(self, shape, name=None): return Node(self, [], shape=tuple(shape), name=name)
-    def infer_shape(self, node): return node.attrs["shape"]
+    def infer_shape(self, node):
+        s = node.attrs["shape"]
+        if any(d is not None and (not isinstance(d, (int, np.integer)) or d < 0) for d in s):
+            raise ShapeError(f"placeholder: {s} is not a shape (sizes are ints >= 0, or None for any size)")
+        return s
 
 
 class Constant(Op):
@@ -219,7 +230,7 @@ class Sum(Op):
     name = "sum"
     def infer_shape(self, node):
         s = node.inputs[0].shape
-        axes = _axes(node.attrs["dim"], len(s))
+        axes = _axes(node.attrs["dim"], len(s), self.name, s)
         if node.attrs["keepdim"]:
             return tuple(1 if i in axes else d for i, d in enumerate(s))
         return tuple(d for i, d in enumerate(s) if i not in axes)
@@ -227,7 +238,8 @@ class Sum(Op):
         return np.sum(a, axis=_axes(node.attrs["dim"], a.ndim), keepdims=node.attrs["keepdim"])
     def gradient(self, node, g):
         a = node.inputs[0]
-        kept = tuple(1 if i in _axes(node.attrs["dim"], len(a.shape)) else d for i, d in enumerate(a.shape))
+        axes = _axes(node.attrs["dim"], len(a.shape))  # put the summed dims back, as 1 (and an unknown one as -1)
+        kept = tuple(1 if i in axes else -1 if d is None else d for i, d in enumerate(a.shape))
         return [broadcast_like(g if node.attrs["keepdim"] else reshape(g, kept), a)]
 
 
@@ -235,11 +247,19 @@ class Reshape(Op):
     name = "reshape"
     def infer_shape(self, node):
         s, new = node.inputs[0].shape, tuple(node.attrs["shape"])
-        if None not in s and -1 not in new and int(np.prod(s)) != int(np.prod(new)):
-            raise ShapeError(f"reshape: cannot view {s} ({int(np.prod(s))} elements) as {new}")
+        if new.count(-1) > 1 or any(not isinstance(d, (int, np.integer)) or d < -1 for d in new):
+            raise ShapeError(f"reshape: {new} is not a shape (sizes are ints >= 0, with at most one -1)")
+        size = int(np.prod([d for d in s if d is not None]))  # the input's size (its known part, with None)
+        known = int(np.prod([d for d in new if d != -1]))      # the target's size, without the -1
+        if None in s:  # the input holds `size` times an unknown number of elements
+            fits = -1 in new or size == 0 or known % size == 0
+        else:
+            fits = size == known if -1 not in new else known > 0 and size % known == 0
+        if not fits:
+            elements = f"{size} elements" + (" times the unknown dimension" if None in s else "")
+            raise ShapeError(f"reshape: cannot view {s} ({elements}) as {new}")
         if -1 in new and None not in s:
-            known = int(np.prod([d for d in new if d != -1]))
-            new = tuple(int(np.prod(s)) // known if d == -1 else d for d in new)
+            new = tuple(size // known if d == -1 else d for d in new)
         return tuple(None if d == -1 else d for d in new)
     def compute(self, node, a): return a.reshape(node.attrs["shape"])
     def gradient(self, node, g): return [reshape_like(g, node.inputs[0])]
@@ -256,7 +276,11 @@ class ReshapeLike(Op):
 class BroadcastLike(Op):
     """Broadcast a to b's run-time shape."""
     name = "broadcast_like"
-    def infer_shape(self, node): return node.inputs[1].shape
+    def infer_shape(self, node):
+        a, b = node.inputs[0].shape, node.inputs[1].shape
+        if broadcast_shape(a, b, self.name) != b:
+            raise ShapeError(f"broadcast_like: {a} does not broadcast to {b}")
+        return b
     def compute(self, node, a, b): return np.broadcast_to(a, b.shape).copy()
     def gradient(self, node, g): return [sum_to(g, node.inputs[0]), None]
 
@@ -275,6 +299,11 @@ class SumTo(Op):
 
 class Softmax(Op):
     name = "softmax"
+    def infer_shape(self, node):
+        s = node.inputs[0].shape
+        if not s:
+            raise ShapeError("softmax: needs at least 1 dimension (it normalizes the last), got a scalar")
+        return s
     def compute(self, node, a):
         e = np.exp(a - a.max(axis=-1, keepdims=True))
         return e / e.sum(axis=-1, keepdims=True)
@@ -288,9 +317,9 @@ class SoftmaxCrossEntropy(Op):
     name = "softmax_xent"
     def infer_shape(self, node):
         a, b = node.inputs[0].shape, node.inputs[1].shape
+        if len(a) != 2 or len(b) != 2:
+            raise ShapeError(f"softmax_cross_entropy: logits and labels must be (batch, classes), got {a} and {b}")
         broadcast_shape(a, b, self.name)
-        if len(a) != 2:
-            raise ShapeError(f"softmax_cross_entropy: logits must be (batch, classes), got {a}")
         return ()
     def compute(self, node, logits, labels):
         z = logits - logits.max(axis=1, keepdims=True)

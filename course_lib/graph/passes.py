@@ -2,6 +2,8 @@
 
 Every pass takes the nodes a program fetches and returns new fetches computing the same
 values with fewer (or cheaper) nodes. Passes never change placeholders or variables.
+Walking back from the fetches never meets a dead node, so dead-node elimination is the one
+pass that works on the Graph container instead: eliminate_dead_nodes(graph, outputs) -> Graph.
 """
 
 import numpy as np
