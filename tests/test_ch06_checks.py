@@ -95,7 +95,7 @@ def test_reference_passes(capsys):
     check.position(position)
     check.strided_map(strided_map)
     check.strided_zip(strided_zip)
-    check.sum_dim(sum_dim)
+    check.sum_dim(sum_dim, sum_kernel)
     check.matmul(matmul)
     assert capsys.readouterr().out.count("passed") == 6
 
@@ -106,8 +106,11 @@ def stub(*args):
 
 @pytest.mark.parametrize("name", ["softplus", "position", "strided_map", "strided_zip", "sum_dim", "matmul"])
 def test_stubs_fail(name):
-    kernel = stub if name == "sum_dim" else njit(parallel=name in ("strided_map", "strided_zip", "matmul"))(stub)
-    expect_failure(getattr(check, name), kernel, match="not implemented yet")
+    if name == "sum_dim":  # the Python wrapper and the kernel, both stubs
+        args = (stub, njit(parallel=True)(stub))
+    else:
+        args = (njit(parallel=name in ("strided_map", "strided_zip", "matmul"))(stub),)
+    expect_failure(getattr(check, name), *args, match="not implemented yet")
 
 
 # ---- 1. softplus ------------------------------------------------------------------------------
@@ -251,9 +254,37 @@ def sum_dim_contiguous(a, shape, strides, dim):
     return sum_dim(a, shape, np.array([int(np.prod(shape[d + 1:])) for d in range(len(shape))]), dim)
 
 
-@pytest.mark.parametrize("wrong, hint", [(sum_dim_drops_dim, "keepdim"), (sum_dim_contiguous, "ignored the strides")])
-def test_sum_dim_rejects(wrong, hint):
-    expect_failure(check.sum_dim, wrong, match=hint)
+def sum_dim_numpy(a, shape, strides, dim):
+    """The right sums from numpy, with the kernel never called."""
+    view = np.lib.stride_tricks.as_strided(a, tuple(shape), tuple(int(s) * a.itemsize for s in strides))
+    return view.sum(axis=int(dim), keepdims=True)
+
+
+@njit(parallel=True, cache=True)
+def sum_kernel_idle(out, out_shape, a, a_strides, dim, n):
+    for i in prange(out.size):
+        out[i] = out[i]
+
+
+@njit(cache=True)
+def sum_kernel_serial(out, out_shape, a, a_strides, dim, n):
+    for i in range(out.size):
+        start = position(i, out_shape, a_strides, 0)
+        acc = 0.0
+        for k in range(n):
+            acc += a[start + k * a_strides[dim]]
+        out[i] = acc
+
+
+@pytest.mark.parametrize("wrong, kernel, hint", [
+    (sum_dim_drops_dim, sum_kernel, "keepdim"),
+    (sum_dim_contiguous, sum_kernel, "ignored the strides"),
+    (sum_dim_numpy, sum_kernel_idle, "compute the sums itself"),
+    (sum_dim_numpy, sum_kernel_serial, "parallel=True"),
+    (sum_dim_numpy, sum_kernel.py_func, "plain Python function"),
+])
+def test_sum_dim_rejects(wrong, kernel, hint):
+    expect_failure(check.sum_dim, wrong, kernel, match=hint)
 
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="a race needs at least 2 threads")
@@ -262,7 +293,7 @@ def test_sum_dim_rejects_a_race():
     So: up to 4 tries; when it shows, the check must name it; when it never shows, skip (never pass)."""
     for _ in range(4):
         try:
-            check.sum_dim(sum_dim_racy)
+            check.sum_dim(sum_dim_racy, racy_sum_kernel)
         except check.CheckFailed as e:
             assert "race" in str(e), f"the failure message lacks 'race':\n{e}"
             return

@@ -51,6 +51,12 @@ class View:
             strides = 2 * np.array(_contiguous(parent))
             offset = int(rng().integers(0, 3)) * int(_contiguous(parent)[-1])
             size = int(np.prod(parent))
+        elif kind == "broadcast":  # at least one dim read with stride 0 (every index, one element)
+            stretched = rng().random(len(shape)) < 0.5
+            stretched[int(rng().integers(0, len(shape)))] = True
+            parent = tuple(1 if b else n for n, b in zip(shape, stretched))
+            strides = np.where(stretched, 0, np.array(_contiguous(parent)))
+            size, offset = int(np.prod(parent)), 0
         else:
             strides, size, offset = np.array(_contiguous(shape)), int(np.prod(shape)), 0
         self.buffer = rng().uniform(-2, 2, size=size + 2 * PAD)
@@ -64,6 +70,11 @@ class View:
     def numpy(self):
         item = self.buffer.itemsize
         return np.lib.stride_tricks.as_strided(self.storage, self.shape, tuple(int(s) * item for s in self.strides))
+
+    def as_if_contiguous(self):
+        """The first elements of storage read as a contiguous array: what ignoring the strides reads."""
+        size = int(np.prod(self.shape))
+        return self.buffer[PAD + self.offset:PAD + self.offset + size].reshape(self.shape)
 
     def padding_intact(self, before):
         return (np.array_equal(self.buffer[:PAD + self.offset], before[:PAD + self.offset])
@@ -221,25 +232,39 @@ _RACE = ("a race: several threads read-modify-write the same output element and 
 
 
 @exercise
-def sum_dim(sum_dim):
-    """sum_dim(a, shape, strides, dim) -> a fresh array of shape with shape[dim] = 1 (keepdim)."""
-    cases = [("permuted", 3, 1), ("sliced", 3, 0), ("contiguous", 2, 1), ("permuted", 4, 3), ("sliced", 1, 0)]
+def sum_dim(sum_dim, sum_kernel):
+    """sum_dim(a, shape, strides, dim) -> a fresh array of shape with shape[dim] = 1 (keepdim),
+    computed by the parallel kernel sum_kernel(out, out_shape, a, a_strides, dim, n)."""
+    _compiled(sum_kernel, "sum_kernel", parallel=True)
+    cases = [("permuted", 3, 1), ("sliced", 3, 0), ("contiguous", 2, 1), ("permuted", 4, 3), ("sliced", 1, 0),
+             ("broadcast", 3, 1), ("broadcast", 2, 0)]
     for kind, ndim, dim in cases:
         v = View(_odd_shape(ndim), kind)
         x = v.numpy()
+        expected = x.sum(axis=dim, keepdims=True)
+        inputs = {"shape": v.shape, "strides": tuple(v.strides), "dim": dim}
         yours = sum_dim(v.storage, _ints(v.shape), v.strides, dim)
         require(isinstance(yours, np.ndarray), f"sum_dim should return a numpy array, got {type(yours).__name__}.")
         again = sum_dim(v.storage, _ints(v.shape), v.strides, dim)
         require(np.shape(again) == yours.shape and np.array_equal(again, yours),
                 f"two runs on the same {kind} view of shape {v.shape} (dim {dim}) gave different sums.", hint=_RACE)
-        assert_close(yours, x.sum(axis=dim, keepdims=True), what=f"the sum over dim {dim} of a {kind} view",
-                     rtol=1e-10, atol=1e-12, inputs={"shape": v.shape, "strides": tuple(v.strides), "dim": dim},
+        assert_close(yours, expected, what=f"the sum over dim {dim} of a {kind} view",
+                     rtol=1e-10, atol=1e-12, inputs=inputs,
                      mistakes={f"the output keeps dim {dim} with size 1 (keepdim): reshape to "
                                f"shape with shape[dim] = 1": x.sum(axis=dim),
                                "you ignored the strides: that is the sum of a contiguous array":
-                               v.storage[:x.size].reshape(v.shape).sum(axis=dim, keepdims=True)},
+                               v.as_if_contiguous().sum(axis=dim, keepdims=True)},
                      hint="each output sums one line of a: it starts at position(i, out_shape, strides) and "
                           "steps by strides[dim]. If prange runs over the reduced dim, this may be " + _RACE)
+        # The kernel on its own, so the sums must come from it (not from numpy in sum_dim).
+        out_shape = _ints(v.shape)
+        out_shape[dim] = 1
+        out = np.zeros(expected.size)
+        sum_kernel(out, out_shape, v.storage, v.strides, dim, v.shape[dim])
+        assert_close(out, expected.ravel(), what=f"sum_kernel's flat out for the sum over dim {dim} of a {kind} view",
+                     rtol=1e-10, atol=1e-12, inputs=inputs,
+                     hint="sum_kernel must compute the sums itself: out[i] is the sum of the line of a that "
+                          "output i reads, for every i of the flat out.")
     # A race shows up when many threads add into few outputs: one output, a long dim, 3 runs.
     v = View((2, 300_001), "contiguous")
     expected = v.numpy().sum(axis=1, keepdims=True)
@@ -248,7 +273,7 @@ def sum_dim(sum_dim):
         assert_close(yours, expected, what=f"run {run + 1} of 3 of a sum over a long dim (shape (2, 300001))",
                      rtol=1e-9, atol=1e-9,
                      hint=_RACE)
-    return f"{len(cases)} random strided views, and a long sum run 3 times to catch races"
+    return f"{len(cases)} random strided views (2 with broadcast dims), and a long sum run 3 times to catch races"
 
 
 # ---- 6. the parallel matmul -----------------------------------------------------------------

@@ -120,12 +120,12 @@ class NumbaBackend(Backend):
         (n, k), m = a.shape[-2:], b.shape[-1]
         batch = shape_broadcast(a.shape[:-2], b.shape[:-2])
         dtype = np.result_type(a.dtype, b.dtype)
-        out = np.zeros((int(np.prod(batch, dtype=np.int64)), n, m), dtype=dtype)
+        out = (np.empty if k else np.zeros)((int(np.prod(batch, dtype=np.int64)), n, m), dtype=dtype)  # k = 0: 0s
         if out.size and k:
             a3 = np.ascontiguousarray(a.to_numpy(), dtype=dtype).reshape(-1, n, k)
-            b3 = np.ascontiguousarray(b.to_numpy(), dtype=dtype).reshape(-1, k, m)
+            bt3 = np.ascontiguousarray(np.swapaxes(b.to_numpy(), -1, -2), dtype=dtype).reshape(-1, m, k)
             _threads(out.size * k // 16)
-            matmul_kernel(out, a3, b3, _run_shape(batch), _batch_strides(a.shape[:-2], batch),
+            matmul_kernel(out, a3, bt3, _run_shape(batch), _batch_strides(a.shape[:-2], batch),
                           _batch_strides(b.shape[:-2], batch))
         return TensorData(out.reshape(-1), batch + (n, m))
 
