@@ -1,6 +1,7 @@
 """Latency of the course's numpy engine against onnxruntime, side by side in one run.
 
-Models: the MLP, the small CNN and the GPT of course_lib.infer.models, exported with
+Models: the MLP, chapter 08's CNN (both trained 4 epochs on the digits) and chapter 04's GPT,
+from course_lib.infer.models, exported with
 torch.onnx.export(dynamo=False); batch 1 and 32; the engine without and with its passes.
 A ratio is engine time / onnxruntime time (lower is better; 1.0 means as fast).
 
@@ -25,7 +26,7 @@ import onnxruntime as ort
 import torch
 
 from course_lib.infer import InferenceSession
-from course_lib.infer.models import MLP, SmallCNN, course_gpt, export
+from course_lib.infer.models import MLP, course_cnn, course_gpt, export, train_digits
 
 
 def best_ms(fn, repeats):
@@ -41,13 +42,15 @@ def best_ms(fn, repeats):
 def models():
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    gpt, source = course_gpt()
+    gpt = course_gpt()
+    mlp, cnn = MLP(), course_cnn()
+    train_digits(mlp), train_digits(cnn)
     T = 64
-    yield ("MLP", export(MLP(), torch.randn(2, 64), ["x"], ["y"], {"x": {0: "batch"}}),
+    yield ("MLP", export(mlp, torch.randn(2, 64), ["x"], ["y"], {"x": {0: "batch"}}),
            lambda b: {"x": rng.standard_normal((b, 64)).astype(np.float32)})
-    yield ("CNN", export(SmallCNN(), torch.randn(2, 1, 16, 16), ["x"], ["y"], {"x": {0: "batch"}}),
-           lambda b: {"x": rng.standard_normal((b, 1, 16, 16)).astype(np.float32)})
-    yield (f"GPT [{source}]", export(gpt, torch.zeros(2, T, dtype=torch.long), ["idx"], ["logits"],
+    yield ("CNN", export(cnn, torch.randn(2, 1, 8, 8), ["x"], ["y"], {"x": {0: "batch"}}),
+           lambda b: {"x": rng.standard_normal((b, 1, 8, 8)).astype(np.float32)})
+    yield ("GPT (chapter 04)", export(gpt, torch.zeros(2, T, dtype=torch.long), ["idx"], ["logits"],
                                      {"idx": {0: "batch", 1: "time"}}),
            lambda b: {"idx": rng.integers(0, 65, (b, T)).astype(np.int64)})
 

@@ -14,7 +14,7 @@ from course_lib.infer import (Graph, InferenceSession, InvalidGraph, InvalidInpu
                               to_onnx, topological_order)
 from course_lib.infer import passes
 from course_lib.infer.memory import memory_plan
-from course_lib.infer.models import MLP, SmallCNN, course_gpt, export
+from course_lib.infer.models import MLP, course_cnn, course_gpt, course_mamba, export, train_digits
 from course_lib.infer.profile import format_table, profile
 
 F = TensorProto.FLOAT
@@ -155,15 +155,63 @@ def test_float_ops_match_onnxruntime(op, attrs):
 def exported():
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    gpt, _ = course_gpt(n_layer=2, n_embd=32, block_size=16)
+    mlp, cnn = MLP(), course_cnn()
+    assert train_digits(mlp) > 0.8 and train_digits(cnn) > 0.8     # a few epochs on the digits: trained weights
+    gpt = course_gpt(n_layer=2, n_embd=32, block_size=16)
     return [
-        (export(MLP(), torch.randn(2, 64), ["x"], ["y"], {"x": {0: "batch"}}),
+        (export(mlp, torch.randn(2, 64), ["x"], ["y"], {"x": {0: "batch"}}),
          [{"x": rng.standard_normal((b, 64)).astype(np.float32)} for b in (1, 5)]),
-        (export(SmallCNN(), torch.randn(2, 1, 16, 16), ["x"], ["y"], {"x": {0: "batch"}}),
-         [{"x": rng.standard_normal((b, 1, 16, 16)).astype(np.float32)} for b in (1, 3)]),
+        (export(cnn, torch.randn(2, 1, 8, 8), ["x"], ["y"], {"x": {0: "batch"}}),
+         [{"x": rng.standard_normal((b, 1, 8, 8)).astype(np.float32)} for b in (1, 3)]),
         (export(gpt, torch.zeros(2, 16, dtype=torch.long), ["idx"], ["logits"], {"idx": {0: "batch", 1: "time"}}),
          [{"idx": rng.integers(0, 65, (b, t)).astype(np.int64)} for b, t in ((1, 16), (3, 11))]),
     ]
+
+
+def test_the_models_are_the_course_s():
+    from course_lib.gpt.model import GPT
+    from course_lib.mamba import Mamba
+    from course_lib.ops.cnn import DigitsCNN
+    assert isinstance(course_gpt(n_layer=1, n_embd=16, block_size=8).model, GPT)
+    assert isinstance(course_mamba(d_model=16, n_layer=1).model, Mamba)
+    custom = DigitsCNN(custom=True)
+    twin = course_cnn(from_custom=custom)
+    assert isinstance(twin, DigitsCNN) and torch.equal(twin.conv2[0].weight, custom.conv2.weight)
+    x = torch.randn(3, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), custom(x), rtol=1e-4, atol=1e-5)
+
+
+def test_custom_op_cnn_does_not_export():
+    """Chapter 08's custom ops are autograd.Functions around numba kernels: the tracer cannot see inside."""
+    from course_lib.ops.cnn import DigitsCNN
+    with pytest.raises(Exception):
+        export(DigitsCNN(custom=True), torch.randn(2, 1, 8, 8), ["x"], ["y"])
+
+
+def test_mamba_matches_onnxruntime_up_to_its_export_length():
+    """The parallel scan's loop unrolls into ceil(log2 T) rounds at export: right for T <= 16 here, not beyond."""
+    mamba = course_mamba()
+    onx = export(mamba, torch.zeros(1, 16, dtype=torch.long), ["idx"], ["logits"], {"idx": {0: "batch", 1: "time"}})
+    rng = np.random.default_rng(0)
+    sess = InferenceSession(onx)
+    for b, t in ((2, 16), (1, 11)):
+        feeds = {"idx": rng.integers(0, 65, (b, t)).astype(np.int64)}
+        ours = sess.run(None, feeds)[0]
+        np.testing.assert_allclose(ours, _ort(onx, feeds)[0], rtol=1e-5, atol=1e-5)
+        with torch.no_grad():
+            np.testing.assert_allclose(ours, mamba(torch.as_tensor(feeds["idx"])).numpy(), rtol=1e-4, atol=1e-4)
+    long = rng.integers(0, 65, (1, 40)).astype(np.int64)
+    with torch.no_grad():
+        assert np.abs(sess.run(None, {"idx": long})[0] - mamba(torch.as_tensor(long)).numpy()).max() > 1e-4
+
+
+def test_chunked_mamba_scan_does_not_export():
+    from course_lib.mamba import Mamba, MambaConfig
+    from course_lib.infer.models import LogitsOnly
+    m = LogitsOnly(Mamba(MambaConfig(vocab_size=65, d_model=16, n_layer=1, scan="chunked")))
+    with pytest.raises(Exception, match="cumprod"):
+        export(m, torch.zeros(1, 16, dtype=torch.long), ["idx"], ["logits"])
 
 
 def test_models_match_onnxruntime(exported):

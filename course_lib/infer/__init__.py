@@ -15,7 +15,7 @@
 - `profile`   a per-op profiler
 - `draw`      pictures of graphs through course_lib.viz
 - `onnx_backend`  the engine as an onnx.backend for the ONNX conformance suite
-- `models`    the MLP, CNN and GPT that the chapter exports
+- `models`    the course's MLP, CNN (ch. 08), GPT (ch. 04) and Mamba (ch. 05) for export
 """
 
 from .ir import Graph, Node, Value
