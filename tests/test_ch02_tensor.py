@@ -71,6 +71,49 @@ def test_clear_errors():
         ct.randn(3)[5]
 
 
+BAD_DIMS = [  # (name, call on a tensor of shape (3, 4, 5)); each must fail in PyTorch too
+    ("sum dim 3", lambda t: t.sum(3)), ("sum dim -4", lambda t: t.sum(-4)), ("max dim 7", lambda t: t.max(7)),
+    ("softmax dim 3", lambda t: t.softmax(3)), ("log_softmax dim -4", lambda t: t.log_softmax(-4)),
+    ("transpose 0, 3", lambda t: t.transpose(0, 3)), ("permute repeats", lambda t: t.permute(0, 0, 1)),
+    ("permute out of range", lambda t: t.permute(0, 1, 3)), ("unsqueeze 4", lambda t: t.unsqueeze(4)),
+    ("squeeze 3", lambda t: t.squeeze(3)), ("flatten 3", lambda t: t.flatten(3)),
+    ("view of a transpose", lambda t: t.transpose(0, 1).view(-1)),
+]
+
+
+@pytest.mark.parametrize("name, call", BAD_DIMS, ids=[n for n, _ in BAD_DIMS])
+def test_bad_dims_raise_where_torch_raises(name, call):
+    data = np.random.default_rng(2).standard_normal((3, 4, 5))
+    with pytest.raises((RuntimeError, IndexError)):
+        call(torch.tensor(data))  # the oracle refuses it too
+    with pytest.raises((IndexError, ShapeError)) as err:
+        call(ct.tensor(data))
+    assert "(3, 4, 5)" in str(err.value) or "(4, 3, 5)" in str(err.value), str(err.value)  # names the shape
+
+
+def test_good_negative_dims_match_torch():
+    data = np.random.default_rng(3).standard_normal((3, 4, 5))
+    t, o = torch.tensor(data), ct.tensor(data, dtype=np.float64)
+    for ours, theirs in [(o.softmax(-3), t.softmax(-3)), (o.transpose(-1, 0), t.transpose(-1, 0)),
+                         (o.unsqueeze(-1), t.unsqueeze(-1)), (o.unsqueeze(-4), t.unsqueeze(-4)),
+                         (o.flatten(-2), t.flatten(-2)), (o.permute(-1, 0, -2), t.permute(-1, 0, -2)),
+                         (o.contiguous().view(5, -1), t.contiguous().view(5, -1))]:
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-12)
+    assert o.transpose(0, 1).reshape(-1).shape == (60,)  # reshape copies where view refuses
+
+
+def test_cross_entropy_rejects_bad_targets():
+    logits = ct.randn(4, 3)
+    with pytest.raises(IndexError, match=r"target\[2\] = 3 is not a class index.*0 to 2"):
+        ct.cross_entropy(logits, [0, 1, 3, 2])
+    with pytest.raises(IndexError, match=r"target\[1\] = -1"):
+        ct.cross_entropy(logits, [0, -1, 1, 2])   # numpy would silently wrap -1 to the last class
+    with pytest.raises(TypeError, match="class indices"):
+        ct.cross_entropy(logits, np.array([0.0, 1.0, 2.0, 1.0]))
+    with pytest.raises(IndexError):  # the oracle agrees
+        torch.nn.functional.cross_entropy(torch.randn(4, 3), torch.tensor([0, 1, 3, 2]))
+
+
 def test_in_place_change_of_a_saved_tensor_is_caught():
     w = ct.randn(3, requires_grad=True)
     x = ct.randn(3)

@@ -270,8 +270,9 @@ class Tensor:
         count = math.prod([self.shape[d] for d in dims])
         return ((self - mu) ** 2.0).sum(dim, keepdim) / float(count - 1 if unbiased else count)
 
-    def softmax(self, dim: int = -1): return F.Softmax.apply(self, dim=dim % self.ndim)
-    def log_softmax(self, dim: int = -1): return F.LogSoftmax.apply(self, dim=dim % self.ndim)
+    def softmax(self, dim: int = -1): return F.Softmax.apply(self, dim=_dim(dim, self.ndim, "softmax", self.shape))
+    def log_softmax(self, dim: int = -1):
+        return F.LogSoftmax.apply(self, dim=_dim(dim, self.ndim, "log_softmax", self.shape))
 
     # ---------------------------------------------------------------- shapes
     def reshape(self, *shape):
@@ -285,10 +286,16 @@ class Tensor:
             return self
         return F.Reshape.apply(self, shape=shape)
 
-    view = reshape
+    def view(self, *shape):
+        """reshape, but never a copy: like torch, it refuses data that is not contiguous."""
+        if not self.data.is_contiguous():
+            raise ShapeError(f"view: this tensor of shape {self.shape} has strides {self.data.strides}, not "
+                             f"contiguous ones (after a permute, transpose or slice?), so it cannot be viewed as "
+                             f"a new shape without a copy; use .reshape(...), or .contiguous().view(...)")
+        return self.reshape(*shape)
 
     def flatten(self, start_dim: int = 0):
-        start_dim %= max(self.ndim, 1)
+        start_dim = _dim(start_dim, max(self.ndim, 1), "flatten", self.shape)
         return self.reshape(self.shape[:start_dim] + (-1,))
 
     def contiguous(self):
@@ -299,10 +306,13 @@ class Tensor:
             Tensor._wrap(current_backend().map("id", self.data))
 
     def permute(self, *order):
-        order = tuple(d % self.ndim for d in _shape_arg(order))
+        order = tuple(_dim(d, self.ndim, "permute", self.shape) for d in _shape_arg(order))
+        if sorted(order) != list(range(self.ndim)):
+            raise ShapeError(f"permute: {_shape_arg(order)} is not an ordering of the {self.ndim} dims of {self.shape}")
         return F.Permute.apply(self, order=order)
 
     def transpose(self, d0: int = -2, d1: int = -1):
+        d0, d1 = (_dim(d, self.ndim, "transpose", self.shape) for d in (d0, d1))
         order = list(range(self.ndim))
         order[d0], order[d1] = order[d1], order[d0]
         return self.permute(*order)
@@ -320,17 +330,25 @@ class Tensor:
         return F.Expand.apply(self, shape=shape)
 
     def unsqueeze(self, dim: int):
-        dim = dim % (self.ndim + 1)
+        dim = _dim(dim, self.ndim + 1, "unsqueeze", self.shape)
         return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
 
     def squeeze(self, dim: int):
-        dim = dim % self.ndim
+        dim = _dim(dim, self.ndim, "squeeze", self.shape)
         return self.reshape(self.shape[:dim] + self.shape[dim + 1:]) if self.shape[dim] == 1 else self
 
     def __getitem__(self, key):
         if isinstance(key, Tensor) or isinstance(key, (list, np.ndarray)):
             raise IndexError("getitem: indexing with a tensor/list is not supported; use ints, slices, None, ...")
         return F.GetItem.apply(self, key=key)
+
+
+def _dim(d: int, ndim: int, op: str, shape) -> int:
+    """The dim `d` as a non-negative index; like Python lists, -1 is the last, and -ndim..ndim-1 are allowed."""
+    if not -ndim <= d < ndim:
+        raise IndexError(f"{op}: dim {d} is out of range for a tensor of shape {tuple(shape)} "
+                         f"(allowed: {-ndim} to {ndim - 1})")
+    return d % ndim
 
 
 def _shape_arg(shape) -> tuple:
@@ -426,4 +444,10 @@ def cross_entropy(logits: Tensor, target) -> Tensor:
     target = np.asarray(target.numpy() if isinstance(target, Tensor) else target)
     if target.shape != logits.shape[:1]:
         raise ShapeError(f"cross_entropy: target shape {target.shape} does not match logits {logits.shape}")
+    if target.size and not np.issubdtype(target.dtype, np.integer):
+        raise TypeError(f"cross_entropy: target must hold class indices (ints), got dtype {target.dtype}")
+    bad = np.flatnonzero((target < 0) | (target >= logits.shape[1]))
+    if bad.size:
+        raise IndexError(f"cross_entropy: target[{bad[0]}] = {target[bad[0]]} is not a class index; "
+                         f"with {logits.shape[1]} classes they run from 0 to {logits.shape[1] - 1}")
     return F.CrossEntropy.apply(logits, one_hot(target, logits.shape[1], logits.dtype))

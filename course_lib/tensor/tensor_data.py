@@ -176,7 +176,8 @@ class TensorData:
 
     def view(self, shape) -> "TensorData":
         """Reshape without copying; only for contiguous data."""
-        assert self.is_contiguous(), "view needs contiguous data"
+        if not self.is_contiguous():
+            raise ShapeError(f"view needs contiguous data, got shape {self.shape} with strides {self.strides}")
         return TensorData(self.storage, shape, None, self.offset)
 
     def __repr__(self) -> str:
