@@ -3,7 +3,8 @@
 Models: the MLP, chapter 08's CNN (both trained 4 epochs on the digits) and chapter 04's GPT,
 from course_lib.infer.models, exported with
 torch.onnx.export(dynamo=False); batch 1 and 32; the engine without and with its passes.
-A ratio is engine time / onnxruntime time (lower is better; 1.0 means as fast).
+A ratio is engine time / onnxruntime time (lower is better; 1.0 means as fast): the median, over
+interleaved rounds, of the ratio within each round.
 
     .venv/bin/python benchmarks/ch09_vs_onnxruntime.py [--repeats 20] [--threads 1]
 
@@ -29,14 +30,32 @@ from course_lib.infer import InferenceSession
 from course_lib.infer.models import MLP, course_cnn, course_gpt, export, train_digits
 
 
-def best_ms(fn, repeats):
-    fn()  # warm up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def side_by_side(fns, repeats):
+    """Time each function once per round, in turn, for `repeats` rounds (after one warm-up round).
+
+    Interleaving spreads any load from other processes evenly over the contestants. Returns the median
+    milliseconds of each and, for each function after the first, the median over rounds of its time
+    divided by the first's time in the same round."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
+    times = np.zeros((repeats, len(fns)))
+    for r in range(repeats):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            times[r, k] = time.perf_counter() - t0
+    ratios = [float(np.median(times[:, k] / times[:, 0])) for k in range(1, len(fns))]
+    return 1e3 * np.median(times, axis=0), ratios
+
+
+def blas_threads():
+    """What numpy's BLAS really uses (threadpoolctl), or what we asked for when it is not installed."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}"
+    return ", ".join(f"{os.path.basename(p['filepath'])} {p['num_threads']}"
+                     for p in threadpool_info() if p["user_api"] == "blas")
 
 
 def models():
@@ -64,8 +83,12 @@ def main():
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = args.threads
     print(f"torch {torch.__version__}, onnxruntime {ort.__version__}, numpy {np.__version__}; "
-          f"{args.threads} thread(s) each; median of {args.repeats} runs")
-    print(f"{'model':<44}{'batch':>6}{'ort ms':>10}{'engine ms':>11}{'ratio':>8}{'+passes ms':>12}{'ratio':>8}{'max|diff|':>11}")
+          f"{args.repeats} interleaved rounds, medians")
+    print(f"threads: numpy BLAS {blas_threads()} (numpy's other kernels run on one); onnxruntime "
+          f"intra_op {options.intra_op_num_threads}, inter_op {options.inter_op_num_threads}; torch (export only) "
+          f"{torch.get_num_threads()}")
+    print(f"{'model':<20}{'batch':>6}{'ort ms':>10}{'engine ms':>11}{'ratio':>8}{'+passes ms':>12}{'ratio':>8}"
+          f"{'max|diff|':>11}")
     for name, onx, feeds_for in models():
         for batch in (1, 32):
             feeds = feeds_for(batch)
@@ -74,11 +97,11 @@ def main():
             plain = InferenceSession(onx)
             fast = InferenceSession(onx, optimize=True, input_shapes=shapes)
             diff = max(float(np.max(np.abs(a - b))) for a, b in zip(ref.run(None, feeds), fast.run(None, feeds)))
-            t_ort = best_ms(lambda: ref.run(None, feeds), args.repeats)
-            t_plain = best_ms(lambda: plain.run(None, feeds), args.repeats)
-            t_fast = best_ms(lambda: fast.run(None, feeds), args.repeats)
-            print(f"{name:<44}{batch:>6}{t_ort:>10.3f}{t_plain:>11.3f}{t_plain / t_ort:>8.2f}"
-                  f"{t_fast:>12.3f}{t_fast / t_ort:>8.2f}{diff:>11.2e}")
+            (t_ort, t_plain, t_fast), (r_plain, r_fast) = side_by_side(
+                [lambda: ref.run(None, feeds), lambda: plain.run(None, feeds), lambda: fast.run(None, feeds)],
+                args.repeats)
+            print(f"{name:<20}{batch:>6}{t_ort:>10.3f}{t_plain:>11.3f}{r_plain:>8.2f}"
+                  f"{t_fast:>12.3f}{r_fast:>8.2f}{diff:>11.2e}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@
 - `schedule`  topological order and last uses
 - `session`   InferenceSession with onnxruntime's API
 - `passes`    constant folding, dead nodes, MatMul+Add -> Gemm, Conv+Relu, shape folding
+- `fusions`   elementwise regions (GELU) -> one blocked kernel; attention's scaled, masked softmax
 - `memory`    the memory plan: peak bytes against the naive plan
+- `arena`     keep freed buffers for the next run (malloc's thresholds), as onnxruntime's arena does
 - `profile`   a per-op profiler
 - `draw`      pictures of graphs through course_lib.viz
 - `onnx_backend`  the engine as an onnx.backend for the ONNX conformance suite

@@ -6,6 +6,8 @@
     g = fuse_conv_relu(g)          # Conv then Relu -> one ConvRelu
     g = fold_shapes(g, {"x": (1, 3, 8, 8)})  # Shape of a value with a static shape -> a constant
 
+`fusions` adds two bigger ones: elementwise regions (GELU) and attention's masked softmax.
+
 `verify(before, after, feeds)` runs both graphs and insists the outputs are identical.
 """
 
@@ -171,12 +173,16 @@ def fold_shapes(graph, input_shapes):
 
 def optimize(graph, input_shapes=None):
     """All passes in a sensible order: shapes, constants, fusions, then sweep the dead."""
+    from .fusions import fuse_elementwise, fuse_masked_softmax
+
     g = graph
     if input_shapes:
         g = fold_shapes(g, input_shapes)
     g = fold_constants(g)
     g = fuse_matmul_add(g)
     g = fuse_conv_relu(g)
+    g = fuse_masked_softmax(g)
+    g = fuse_elementwise(g)
     return eliminate_dead_nodes(g)
 
 

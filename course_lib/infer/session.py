@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import ops  # noqa: F401  (fills the registry)
+from .arena import keep_freed_memory
 from .ir import Graph
 from .load import load
 from .registry import lookup
@@ -38,9 +39,13 @@ class InferenceSession:
 
     optimize=True applies the passes of `course_lib.infer.passes` (input_shapes: static shapes
     for shape folding). free_memory=False keeps every intermediate (the naive memory plan).
+    arena=True lets malloc keep freed buffers for the next run (see `arena`; process-wide, as
+    onnxruntime's arena is on by default).
     """
 
-    def __init__(self, model, optimize=False, input_shapes=None, free_memory=True):
+    def __init__(self, model, optimize=False, input_shapes=None, free_memory=True, arena=True):
+        if arena:
+            keep_freed_memory()
         graph = model.copy() if isinstance(model, Graph) else load(model)
         check_graph(graph)
         if optimize:

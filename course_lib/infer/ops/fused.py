@@ -1,8 +1,11 @@
-"""Fused kernels that the optimization passes create (domain "course"): one node where there were two."""
+"""Fused kernels that the optimization passes create (domain "course"): one node where there were several."""
+
+import functools
 
 import numpy as np
 
-from ..registry import register
+from ..registry import register, lookup
+from .linalg import softmax_in_place
 from .nn import conv
 
 
@@ -21,3 +24,48 @@ def conv_relu(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kerne
     y = conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape, pads=pads,
              strides=strides)
     return np.maximum(y, 0, out=y)
+
+
+BLOCK = 32768  # elements of x per block in Elementwise: a block's temporaries stay in the L2 cache
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(ops):
+    return [lookup(op, 10**6)[0] for op in ops]  # these ops have one version each: the newest
+
+
+@register("Elementwise", since=1, domain="course")
+def elementwise(x, *consts, ops, args):
+    """Run a region of elementwise ops on one block of x at a time, instead of each op on all of x.
+
+    Op k reads slots args[2k] and args[2k + 1] (-1: none). Slot 0 is the block of x, then come the
+    scalar constants, then each op's result. Every op is elementwise, so block by block gives the same
+    numbers; the temporaries are block-sized and stay in the cache. The last op's result is the output."""
+    shape = np.broadcast_shapes(x.shape, *(c.shape for c in consts))
+    flat = np.ascontiguousarray(x).reshape(-1)
+    consts = [c.reshape(()) for c in consts]
+    steps = list(zip(_kernels(tuple(ops)), args[0::2], args[1::2]))
+    out = None
+    for start in range(0, max(flat.size, 1), BLOCK):
+        slots = [flat[start:start + BLOCK], *consts]
+        for fn, a, b in steps:
+            slots.append(fn(slots[a]) if b < 0 else fn(slots[a], slots[b]))
+        if out is None:
+            out = np.empty(flat.size, slots[-1].dtype)
+        out[start:start + BLOCK] = slots[-1]
+    return out.reshape(shape)
+
+
+@register("MaskedSoftmax", since=1, domain="course")
+def masked_softmax(s, mask, fill, scale=None, *, axis=-1, divide=1):
+    """Softmax(Where(mask, fill, s / scale)) (s * scale when divide=0; s alone without a scale).
+
+    The scaling makes one fresh buffer; masking and the softmax then work in it, in place."""
+    y = s if scale is None else (s / scale if divide else s * scale)
+    fits = fill.dtype == y.dtype and mask.dtype == bool and \
+        np.broadcast_shapes(mask.shape, fill.shape, y.shape) == y.shape
+    if y is s or not fits:
+        y = np.where(mask, fill, y)  # a new buffer (of the broadcast shape and promoted type) is needed anyway
+    else:
+        np.copyto(y, fill, where=mask)  # what Where does, in our own buffer
+    return softmax_in_place(y, axis)

@@ -30,11 +30,21 @@ def einsum(*xs, equation):
     return np.einsum(equation.replace(" ", ""), *xs)
 
 
-def _softmax(x, axis):
-    e = x - x.max(axis=axis, keepdims=True)   # a fresh buffer: the rest works in place
+def _exp_normalize(e, axis):
+    """exp(e) / sum(exp(e)) along `axis`, in place in e."""
     np.exp(e, out=e)
     e /= e.sum(axis=axis, keepdims=True)
     return e
+
+
+def softmax_in_place(y, axis):
+    """Softmax of y along `axis`, written over y (a buffer of our own); subtracting the max avoids overflow."""
+    y -= y.max(axis=axis, keepdims=True)
+    return _exp_normalize(y, axis)
+
+
+def _softmax(x, axis):
+    return _exp_normalize(x - x.max(axis=axis, keepdims=True), axis)  # x - max is a fresh buffer
 
 
 def _coerced(fn):

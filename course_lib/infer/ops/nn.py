@@ -40,8 +40,12 @@ def _padded(x, kernel, strides, dilations, pads, fill, ceil_mode=False, extra_fi
             o -= 1  # a window may not start in the right padding
         out.append(o)
     extra = [max((o - 1) * s + e - (sz + p0 + p1), 0) for o, s, e, sz, (p0, p1) in zip(out, strides, eff, size, pads)]
-    xp = np.pad(x, [(0, 0), (0, 0)] + list(pads), constant_values=fill)
-    xp = np.pad(xp, [(0, 0), (0, 0)] + [(0, ex) for ex in extra], constant_values=fill if extra_fill is None else extra_fill)
+    xp = x
+    if any(p0 or p1 for p0, p1 in pads):  # np.pad copies even when there is nothing to add: skip it then
+        xp = np.pad(xp, [(0, 0), (0, 0)] + list(pads), constant_values=fill)
+    if any(extra):
+        xp = np.pad(xp, [(0, 0), (0, 0)] + [(0, ex) for ex in extra],
+                    constant_values=fill if extra_fill is None else extra_fill)
     return xp, out
 
 
@@ -79,10 +83,13 @@ def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     cols = win.reshape(N, G, C // G, *out, *kernel)
     cols = np.moveaxis(cols, 2, 2 + n).reshape(N, G, int(np.prod(out)), -1)
     wm = w.reshape(G, M // G, -1)                                   # (G, M/G, C/G * prod(k))
-    y = np.matmul(cols, wm.transpose(0, 2, 1))                      # (N, G, prod(out), M/G)
-    y = y.transpose(0, 1, 3, 2).reshape(N, M, *out)
+    if G == 1:  # the whole batch in one BLAS call: (N * prod(out), C * prod(k)) @ (C * prod(k), M)
+        y = (cols.reshape(-1, cols.shape[-1]) @ wm[0].T).reshape(N, 1, -1, M)
+    else:
+        y = np.matmul(cols, wm.transpose(0, 2, 1))                  # (N, G, prod(out), M/G)
+    y = y.transpose(0, 1, 3, 2).reshape(N, M, *out)                 # a copy, so the bias can go in place
     if b is not None:
-        y = y + b.reshape((1, M) + (1,) * n)
+        y += b.reshape((1, M) + (1,) * n).astype(y.dtype, copy=False)
     return y.astype(x.dtype, copy=False)
 
 
