@@ -82,6 +82,48 @@ def test_forward_signature_trains_with_the_chapter_04_loop():
 
     tokens = torch.arange(400) % 7          # a periodic sequence a model can learn quickly
     model = Mamba(MambaConfig(vocab_size=7, d_model=16, n_layer=1, d_state=4))
-    cfg = TrainConfig(max_iters=30, lr=1e-2, warmup_iters=3, lr_decay_iters=30, eval_interval=0, eval_iters=2)
+    cfg = TrainConfig(max_iters=30, lr=1e-2, warmup_iters=3, lr_decay_iters=30, eval_interval=10, eval_iters=2)
     hist = train(model, make_get_batch(tokens, 16, 4), cfg, progress=False)
-    assert hist["val_loss"][-1] < 0.5 * hist["val_loss"][0] if len(hist["val_loss"]) > 1 else hist["loss"][-1] < 1.0
+    assert hist["eval_iter"] == [0, 10, 20, 30]           # evaluated before training, so there is a baseline
+    assert hist["val_loss"][-1] < 0.5 * hist["val_loss"][0]
+    assert hist["loss"][-1] < 1.0
+
+
+def test_time_invariant_option_ignores_the_input():
+    """selective=False: Δ, B, C are the same at every position and for every input; the model still runs."""
+    torch.manual_seed(0)
+    cfg = MambaConfig(vocab_size=11, d_model=16, n_layer=2, d_state=5, selective=False)
+    block = Mamba(cfg).backbone.layers[0].mixer
+    assert not hasattr(block, "x_proj") and block.B.shape == block.C.shape == (5,)
+    x1, x2 = torch.randn(2, 9, cfg.d_inner), torch.randn(2, 9, cfg.d_inner) * 3
+    p1, p2 = block.ssm_params(x1), block.ssm_params(x2)
+    for a, b, width in zip(p1, p2, (cfg.d_inner, 5, 5)):
+        assert a.shape == (2, 9, width)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)                          # whatever the input
+        torch.testing.assert_close(a, a[:1, :1].expand_as(a), rtol=0, atol=0)     # at every position
+    selective = MambaConfig(vocab_size=11, d_model=16, n_layer=2, d_state=5).selective
+    assert selective, "the default stays selective"
+    sel_block = Mamba(MambaConfig(vocab_size=11, d_model=16, n_layer=2, d_state=5)).backbone.layers[0].mixer
+    assert not torch.allclose(sel_block.ssm_params(x1)[0], sel_block.ssm_params(x2)[0])
+
+
+def test_time_invariant_recurrent_equals_full_sequence():
+    model = random_model(seed=4, selective=False)
+    idx = torch.randint(0, 37, (2, 13), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(idx)[0]
+        cache = MambaCache(model.config.n_layer)
+        parts = [model(idx[:, :3], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0] for t in range(3, 13)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_selective_copy_batch():
+    from course_lib.mamba.tasks import FILLER, IGNORE, RECALL, selective_copy_batch
+
+    x, y = selective_copy_batch(50, length=20, n_marked=3, n_values=5, generator=torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (50, 23)
+    assert (x[:, 20:] == RECALL).all() and (y[:, :20] == IGNORE).all()
+    for xs, ys in zip(x, y):
+        data = xs[:20][xs[:20] != FILLER]
+        assert len(data) == 3 and ((data >= 2) & (data < 7)).all()
+        assert torch.equal(data, ys[20:])          # the marked tokens, in their order

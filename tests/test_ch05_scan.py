@@ -85,3 +85,38 @@ def test_recurrence_equals_convolution():
     u = torch.randn(L, generator=g, dtype=torch.float64)
     K = ssm.ssm_kernel(A_bar, B_bar, C, L)
     torch.testing.assert_close(ssm.ssm_convolve(K, u), ssm.ssm_recurrent(A_bar, B_bar, C, u))
+
+
+@pytest.mark.parametrize("L, chunk", [(37, 8), (37, 36), (5, 16), (64, None), (70, None)])
+def test_chunked_pads_with_identity_steps(L, chunk):
+    """A last, partial chunk is padded with Δ = 0 (identity steps): outputs, final state and gradients
+    equal the loop's, and nothing of the padding leaks out."""
+    args = [a.double().requires_grad_() for a in inputs(2, L, 3, 4, seed=L)]
+    y_ref, h_ref = selective_scan_sequential(*args, return_state=True)
+    y, h = selective_scan_chunked(*args, chunk=chunk, return_state=True)
+    assert y.shape == y_ref.shape and h.shape == h_ref.shape
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(h, h_ref)
+    g_ref = torch.autograd.grad((y_ref * y_ref.detach().cos()).sum() + h_ref.sum(), args)
+    g = torch.autograd.grad((y * y.detach().cos()).sum() + h.sum(), args)
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b)
+
+
+def test_default_chunk_is_about_sqrt_length():
+    from course_lib.mamba.scan import default_chunk
+    assert [default_chunk(L) for L in (1, 2, 15, 16, 1000, 1024, 4096)] == [1, 1, 3, 4, 31, 32, 64]
+
+
+def test_sequential_backward_is_linear_in_length():
+    """The loop reads positions with unbind: the backward must not build one full-size tensor per step."""
+    args = [a.requires_grad_() for a in inputs(1, 512, 8, 4, seed=0)]
+    out = selective_scan_sequential(*args)
+    grad_fns, stack = set(), [out.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in grad_fns:
+            continue
+        grad_fns.add(fn)
+        stack.extend(f for f, _ in fn.next_functions)
+    assert not any(type(fn).__name__ == "SelectBackward0" for fn in grad_fns)

@@ -37,6 +37,7 @@ class MambaConfig:
     dt_rank: int = 0           # the rank of the Δ projection; 0 means ceil(d_model / 16)
     eps: float = 1e-5          # RMSNorm epsilon
     scan: str = "parallel"     # which selective scan the full-sequence forward uses (see scan.SCANS)
+    selective: bool = True     # False: Δ, B, C are learned constants, the same at every position (time-invariant)
 
     def __post_init__(self):
         self.d_inner = self.expand * self.d_model
@@ -80,19 +81,30 @@ class MambaBlock(nn.Module):
         self.cfg = cfg
         self.in_proj = nn.Linear(cfg.d_model, 2 * D, bias=False)
         self.conv1d = nn.Conv1d(D, D, cfg.d_conv, groups=D, padding=cfg.d_conv - 1)   # weight (D, 1, K)
-        self.x_proj = nn.Linear(D, R + 2 * N, bias=False)
-        self.dt_proj = nn.Linear(R, D, bias=True)
+        if cfg.selective:
+            self.x_proj = nn.Linear(D, R + 2 * N, bias=False)
+            self.dt_proj = nn.Linear(R, D, bias=True)
+            dt_bias = self.dt_proj.bias
+        else:   # time-invariant, like S4: one Δ per channel, one B and one C, whatever the input
+            self.dt_bias = nn.Parameter(torch.empty(D))
+            self.B = nn.Parameter(torch.ones(N))
+            self.C = nn.Parameter(torch.randn(N) / math.sqrt(N))
+            dt_bias = self.dt_bias
         self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1, dtype=torch.float32)).repeat(D, 1))
         self.D = nn.Parameter(torch.ones(D))
         self.out_proj = nn.Linear(D, cfg.d_model, bias=False)
         with torch.no_grad():   # Δ starts log-uniform in [0.001, 0.1]: bias = softplus^-1(Δ)
             dt = torch.exp(torch.rand(D) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
-            self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
-            nn.init.uniform_(self.dt_proj.weight, -R ** -0.5, R ** -0.5)
+            dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+            if cfg.selective:
+                nn.init.uniform_(self.dt_proj.weight, -R ** -0.5, R ** -0.5)
 
     def ssm_params(self, x):
         """Δ (softplus of dt_proj), B and C from the conv output x (..., D)."""
         N, R = self.cfg.d_state, self.cfg.dt_rank
+        if not self.cfg.selective:   # the same three at every position: x is not looked at
+            shape = x.shape[:-1]
+            return F.softplus(self.dt_bias).expand(*shape, -1), self.B.expand(*shape, N), self.C.expand(*shape, N)
         dt, B, C = self.x_proj(x).split([R, N, N], dim=-1)
         return F.softplus(self.dt_proj(dt)), B, C
 

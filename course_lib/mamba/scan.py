@@ -15,6 +15,7 @@ into one step of the same form, which makes the recurrence an associative scan (
 import math
 
 import torch
+import torch.nn.functional as F
 
 
 def discretize(x, delta, A, B):
@@ -34,11 +35,16 @@ def selective_scan_sequential(x, delta, A, B, C, D, h0=None, return_state=False)
     a, b = discretize(x, delta, A, B)
     h = torch.zeros_like(a[:, 0]) if h0 is None else h0
     hs = []
-    for t in range(x.shape[1]):
-        h = a[:, t] * h + b[:, t]
+    for a_t, b_t in zip(a.unbind(1), b.unbind(1)):   # unbind, not a[:, t]: see below
+        h = a_t * h + b_t
         hs.append(h)
     y = readout(torch.stack(hs, dim=1), C, x, D)
     return (y, h) if return_state else y
+
+
+# Why `unbind` in the loops: the backward of `a[:, t]` builds a zero tensor the size of all of `a` and
+# writes the gradient of one position into it, so a loop of L such reads costs O(L^2) in the backward.
+# `a.unbind(1)` gives the same L views, and its backward is one `stack` of their gradients.
 
 
 def combine(left, right):
@@ -90,31 +96,38 @@ def selective_scan_chunked(x, delta, A, B, C, D, chunk=None, return_state=False)
     3. Then every position at once: h_t = P_t h_start + h_local_t.
 
     Two short loops of about sqrt(L) steps instead of one of L, and O(L) work, unlike the log-depth scan.
+    `torch.addcmul(c, a, b)` is c + a * b in one pass over memory instead of two.
     """
     bsz, L, Dm = x.shape
-    chunk = chunk or max(1, math.isqrt(L))
-    a, b = discretize(x, delta, A, B)
-    n_chunks = math.ceil(L / chunk)
+    chunk = chunk or default_chunk(L)
+    n_chunks = -(-L // chunk)                             # ceil(L / chunk)
     pad = n_chunks * chunk - L
-    if pad:   # identity steps (a = 1, b = 0) at the end leave every real state unchanged
-        a = torch.cat([a, a.new_ones(bsz, pad, *a.shape[2:])], 1)
-        b = torch.cat([b, b.new_zeros(bsz, pad, *b.shape[2:])], 1)
-    a = a.view(bsz, n_chunks, chunk, *a.shape[2:])
+    if pad:   # Δ = 0 at the end gives identity steps (a = 1, b = 0): every real state stays the same
+        x_, delta_, B_ = (F.pad(t, (0, 0, 0, pad)) for t in (x, delta, B))
+    else:
+        x_, delta_, B_ = x, delta, B
+    a, b = discretize(x_, delta_, A, B_)
+    a = a.view(bsz, n_chunks, chunk, *a.shape[2:])       # (b, n_chunks, chunk, D, N)
     b = b.view(bsz, n_chunks, chunk, *b.shape[2:])
     P = torch.cumprod(a, dim=2)                          # the product of a's since the chunk's start
     h, local = torch.zeros_like(b[:, :, 0]), []
-    for k in range(chunk):                               # 1. every chunk at once, position by position
-        h = a[:, :, k] * h + b[:, :, k]
+    for a_k, b_k in zip(a.unbind(2), b.unbind(2)):       # 1. every chunk at once, position by position
+        h = torch.addcmul(b_k, a_k, h)
         local.append(h)
     local = torch.stack(local, dim=2)
     h, starts = torch.zeros_like(b[:, 0, 0]), []
-    for c in range(n_chunks):                            # 2. carry the state from chunk to chunk
+    for P_end, local_end in zip(P[:, :, -1].unbind(1), local[:, :, -1].unbind(1)):   # 2. chunk to chunk
         starts.append(h)
-        h = P[:, c, -1] * h + local[:, c, -1]
+        h = torch.addcmul(local_end, P_end, h)
     h_start = torch.stack(starts, 1)[:, :, None]         # (b, n_chunks, 1, D, N)
-    hs = (P * h_start + local).view(bsz, n_chunks * chunk, *a.shape[3:])[:, :L]   # 3. fix up
+    hs = torch.addcmul(local, P, h_start).view(bsz, n_chunks * chunk, *a.shape[3:])[:, :L]   # 3. fix up
     y = readout(hs, C, x, D)
     return (y, hs[:, -1]) if return_state else y
+
+
+def default_chunk(L):
+    """About sqrt(L), so that the two loops are about as long; at least 1."""
+    return max(1, math.isqrt(L))
 
 
 SCANS = {"sequential": selective_scan_sequential, "parallel": selective_scan_parallel,
