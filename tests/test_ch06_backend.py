@@ -104,3 +104,33 @@ def test_matmul_on_transposed_views():
     expected = torch.tensor(a.to_numpy(), dtype=torch.float64) @ torch.tensor(b.to_numpy(), dtype=torch.float64)
     assert yours.dtype == np.float32
     np.testing.assert_allclose(yours.to_numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(70, 45), (3, 33, 65), (1, 1), (2, 4, 1, 97)])
+def test_pack_transposed_matches_numpy(shape):
+    from course_lib.fast.matmul import pack_transposed
+    b = RNG.uniform(-1, 1, shape)
+    k, m = shape[-2:]
+    for view in (b, b[..., ::2, :][..., :k, :], np.broadcast_to(b[..., :1], shape)):   # contiguous, strided, stride 0
+        got = pack_transposed(view, np.float32)
+        assert got.dtype == np.float32 and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, np.swapaxes(view, -1, -2).astype(np.float32).reshape(-1, *got.shape[1:]))
+    t = np.ascontiguousarray(np.swapaxes(b, -1, -2))      # b given as a transpose: packing is a free view
+    assert np.shares_memory(pack_transposed(np.swapaxes(t, -1, -2), np.float64), t)
+
+
+def test_row_block_keeps_every_thread_busy():
+    from course_lib.fast.matmul import row_block
+    assert row_block(1024, 1, 2) == 128            # big: fewer passes over B
+    assert row_block(64, 1, 2) == 16               # small: 4 tasks for 2 threads
+    assert row_block(200, 1, 4) == 16 and row_block(200, 8, 4) == 128
+    for n, nb_, th in [(1000, 1, 2), (300, 2, 8), (17, 1, 2)]:
+        ti = row_block(n, nb_, th)
+        assert 16 <= ti <= 128 and (ti == 16 or nb_ * -(-n // ti) >= 2 * th)
+
+
+@pytest.mark.parametrize("n, k, m", [(257, 131, 301), (1, 300, 5), (130, 1, 129)])
+def test_matmul_big_blocks_and_ragged_edges(n, k, m):
+    a, b = RNG.uniform(-1, 1, (n, k)), RNG.uniform(-1, 1, (k, m))
+    yours = nb.matmul(TensorData.from_numpy(a, np.float64), TensorData.from_numpy(b, np.float64))
+    np.testing.assert_allclose(yours.to_numpy(), (torch.tensor(a) @ torch.tensor(b)).numpy(), rtol=1e-12, atol=1e-12)

@@ -21,7 +21,7 @@ import numba
 import numpy as np
 
 from course_lib.fast.indexing import as_int_array, broadcast_strides, contiguous_strides
-from course_lib.fast.matmul import matmul_kernel
+from course_lib.fast.matmul import matmul_kernel, pack_transposed, row_block
 from course_lib.fast.ops import (MAP_NAMES, REDUCE_NAMES, ZIP_NAMES, flat_map, flat_zip, map_kernel,
                                  reduce_kernel, where_kernel, zip_kernel)
 from course_lib.tensor.backend import MAP_OPS, REDUCE_OPS, ZIP_OPS, Backend
@@ -123,10 +123,10 @@ class NumbaBackend(Backend):
         out = (np.empty if k else np.zeros)((int(np.prod(batch, dtype=np.int64)), n, m), dtype=dtype)  # k = 0: 0s
         if out.size and k:
             a3 = np.ascontiguousarray(a.to_numpy(), dtype=dtype).reshape(-1, n, k)
-            bt3 = np.ascontiguousarray(np.swapaxes(b.to_numpy(), -1, -2), dtype=dtype).reshape(-1, m, k)
             _threads(out.size * k // 16)
+            bt3 = pack_transposed(b.to_numpy(), dtype)
             matmul_kernel(out, a3, bt3, _run_shape(batch), _batch_strides(a.shape[:-2], batch),
-                          _batch_strides(b.shape[:-2], batch))
+                          _batch_strides(b.shape[:-2], batch), row_block(n, out.shape[0], numba.get_num_threads()))
         return TensorData(out.reshape(-1), batch + (n, m))
 
 

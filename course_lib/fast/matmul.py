@@ -10,19 +10,25 @@ that live in registers. One pass over k loads 4 rows of A and 4 rows of bt (8 lo
 `fastmath` reassociation LLVM may reorder each sum, so it vectorizes the k loop (16 float32
 lanes per instruction with AVX-512).
 
-Tiling: `prange` gives each thread a block of TI rows of A (of any matrix in the batch). The
-thread walks the columns of C 4 at a time, and for each group runs down its TI rows: those 4
-rows of bt stay in the L1 cache while the TI rows of A (a few tens of KB) stay in L2. Each
-thread writes only its own rows of C, so there is no race. Edges (sizes not a multiple of 4)
-take a plain dot product per element.
+Tiling: `prange` gives each thread a block of `ti` rows of A (of any matrix in the batch). The
+thread walks the columns of C 4 at a time, and for each group runs down its rows: those 4
+rows of bt stay in the L1 cache while the block of A stays in L2. Each task reads all of bt
+once, so bigger blocks mean fewer passes over bt (`row_block`), as long as there are enough
+blocks to keep every thread busy. Each thread writes only its own rows of C, so there is no
+race. Edges (sizes not a multiple of 4) take a plain dot product per element.
+
+Packing: transposing B costs a copy. numpy's copy of a transposed 1024x1024 array walks one
+side with a stride of 4 KB and takes longer than half the matmul; `transpose_kernel` copies
+32x32 blocks instead, in parallel, so both sides stay within a few cache lines.
 """
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 from course_lib.fast.indexing import position
 
-TI = 16  # rows of A per parallel task: even a 64-row batch splits across the threads
+TB = 32  # the side of the blocks that transpose_kernel copies
 _MATH = {"reassoc", "contract"}  # may reorder sums and fuse multiply-adds; keeps inf and nan handling
 
 
@@ -57,8 +63,8 @@ def block4x4(C, A, Bt, i, j, k):
 
 
 @njit(parallel=True, fastmath=_MATH, cache=True)
-def matmul_kernel(out, a, bt, batch_shape, a_batch_strides, b_batch_strides):
-    """out[t] = a[pa(t)] @ bt[pb(t)].T for every matrix t of the batch.
+def matmul_kernel(out, a, bt, batch_shape, a_batch_strides, b_batch_strides, ti):
+    """out[t] = a[pa(t)] @ bt[pb(t)].T for every matrix t of the batch, in tasks of `ti` rows.
 
     out: (batch, n, m), a: (batch_a, n, k), bt: (batch_b, m, k) (B transposed), all
     C-contiguous. The batch index t walks `batch_shape`; the strides (in matrices, 0 where
@@ -66,11 +72,11 @@ def matmul_kernel(out, a, bt, batch_shape, a_batch_strides, b_batch_strides):
     """
     nbatch, n, m = out.shape
     k = a.shape[2]
-    row_blocks = (n + TI - 1) // TI
+    row_blocks = (n + ti - 1) // ti
     for t in prange(nbatch * row_blocks):
         bi = t // row_blocks
-        i0 = (t % row_blocks) * TI
-        i1 = min(i0 + TI, n)
+        i0 = (t % row_blocks) * ti
+        i1 = min(i0 + ti, n)
         A = a[position(bi, batch_shape, a_batch_strides, 0)]
         Bt = bt[position(bi, batch_shape, b_batch_strides, 0)]
         C = out[bi]
@@ -84,10 +90,44 @@ def matmul_kernel(out, a, bt, batch_shape, a_batch_strides, b_batch_strides):
                             C[ii, jj] = dot(A[ii], Bt[jj], k)
 
 
+def row_block(n, nbatch, threads):
+    """Rows per task: up to 128 (fewer passes over bt), but at least 2 tasks per thread, and at least 16."""
+    ti = 128
+    while ti > 16 and nbatch * ((n + ti - 1) // ti) < 2 * threads:
+        ti //= 2
+    return ti
+
+
+@njit(parallel=True, cache=True)
+def transpose_kernel(b, bt):
+    """bt[t] = b[t].T for every matrix of b (batch, k, m), one TB x TB block per task."""
+    nbatch, k, m = b.shape
+    kb, mb = (k + TB - 1) // TB, (m + TB - 1) // TB
+    for t in prange(nbatch * kb * mb):
+        bi, r = t // (kb * mb), t % (kb * mb)
+        k0, m0 = (r // mb) * TB, (r % mb) * TB
+        for j in range(m0, min(m0 + TB, m)):
+            for kk in range(k0, min(k0 + TB, k)):
+                bt[bi, j, kk] = b[bi, kk, j]
+
+
+def pack_transposed(b, dtype):
+    """b (..., k, m) as a C-contiguous (batch, m, k) array of `dtype`; free when b is itself a transpose."""
+    k, m = b.shape[-2:]
+    bt = np.swapaxes(b, -1, -2)
+    if bt.flags.c_contiguous and bt.dtype == dtype:
+        return bt.reshape(-1, m, k)
+    b3 = b.astype(dtype, copy=False).reshape(-1, k, m)
+    out = np.empty((b3.shape[0], m, k), dtype=dtype)
+    transpose_kernel(b3, out)
+    return out
+
+
 def matmul(a, b):
     """a @ b for 2-D numpy arrays, with the blocked kernel (a convenience for the lesson)."""
-    out = np.empty((1, a.shape[0], b.shape[1]), dtype=np.result_type(a, b))
+    dtype = np.result_type(a, b)
+    out = np.empty((1, a.shape[0], b.shape[1]), dtype=dtype)
     one = np.zeros(1, dtype=np.int64)
-    matmul_kernel(out, np.ascontiguousarray(a)[None], np.ascontiguousarray(b.T)[None], np.ones(1, np.int64),
-                  one, one)
+    matmul_kernel(out, np.ascontiguousarray(a, dtype=dtype)[None], pack_transposed(b, dtype), np.ones(1, np.int64),
+                  one, one, row_block(a.shape[0], 1, numba.get_num_threads()))
     return out[0]
