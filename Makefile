@@ -1,5 +1,6 @@
 # The course's two commands:  `make lab` (set up and open JupyterLab)  and  `make test`.
 PYTHON ?= python3
+PIP_ARGS ?=   # extra pip options, e.g. --extra-index-url https://download.pytorch.org/whl/cpu (see README)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -41,7 +42,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "The course needs Python 3.11 or newer; run: make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e '.[test]'
 	$(BIN)/course setup
 	touch $(STAMP)
 
