@@ -19,6 +19,8 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/course build --check
 	$(TEST_ENV) $(PYTEST) tests notebooks solutions $(PYTEST_ARGS)
+	@echo "The checks against wrong implementations again, on other random cases (seed 7):"
+	$(TEST_ENV) COURSE_CHECK_SEED=7 $(BIN)/python -m pytest -q -n 2 tests/test_ch0*_checks.py
 
 # Unit tests only (no notebooks, no browser): a quick loop while writing course_lib.
 test-fast: $(STAMP)

@@ -71,7 +71,10 @@ def _compare_or_race(run_once, case, out, compare):
         if _differ(run_once(*case), out):
             raise CheckFailed(f"the same input gave different results on two runs: a race.\n  hint: {RACE_HINT}"
                               f"\n  first run: {e}") from None
-        raise
+        # The simulator runs a block's threads in turn and may reuse the same shared buffer, so a
+        # missing barrier can also give the same wrong answer twice.
+        raise CheckFailed(f"{e}\n  hint: if the mistake is not in the arithmetic, it may be a race that gave the "
+                          f"same wrong answer twice: {RACE_HINT}") from None
 
 
 def _race_check(run_once, case, first_result, what):
@@ -353,10 +356,13 @@ def row_sum(kernel, tpb):
 
 def _matmul_cases():
     cases = []
-    for _ in range(3):
+    for i in range(3):
         m, k, n = (int(v) for v in rng().integers(5, 22, size=3))
         while m == n:
             n = int(rng().integers(5, 22))
+        if i == 0:  # rows and columns need different numbers of 8-wide blocks, else swapped x/y still covers C
+            m, n = int(rng().integers(5, 9)), int(rng().integers(13, 22))
+            m, n = (m, n) if rng().random() < 0.5 else (n, m)
         cases.append((rng().uniform(-1, 1, (m, k)).astype(np.float32),
                       rng().uniform(-1, 1, (k, n)).astype(np.float32)))
     return cases
