@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -92,7 +93,12 @@ def test_welcome_notebook_runs_in_jupyterlab(lab, in_ci, tmp_path):
 
 
 def _kernel_idle(base, token):
-    kernels = json.loads(urllib.request.urlopen(f"{base}/api/kernels?token={token}", timeout=5).read())
+    """True once the kernel is up and idle. A server still starting the kernel may answer 500 or
+    be slow on a busy machine: that counts as not yet, and the caller polls again."""
+    try:
+        kernels = json.loads(urllib.request.urlopen(f"{base}/api/kernels?token={token}", timeout=30).read())
+    except (urllib.error.URLError, TimeoutError):   # HTTPError is a URLError
+        return False
     return bool(kernels) and all(k["execution_state"] == "idle" for k in kernels)
 
 
