@@ -7,7 +7,10 @@ STAMP  := $(VENV)/.installed
 # Fixed seed for the checks' random cases, so a test run is reproducible.
 TEST_ENV := COURSE_CHECK_SEED=20261122 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile \
-          --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
+          --nbval --nbval-kernel-name python3 --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
+# The learner's path: lessons and solved exercises run from a staged copy of work/, each in its own
+# folder, on the course kernel (as `course lab` runs them), so a path that works only from the repo fails.
+LEARNER := .learner-path
 
 .PHONY: lab test test-fast status check reset build setup clean-venv
 
@@ -15,10 +18,12 @@ lab: $(STAMP)
 	$(BIN)/course lab
 
 # Everything: course_lib unit tests, checks against wrong implementations, nbval over the
-# lessons and solutions, the inverted run over the exercises, and the browser test.
+# lessons and solutions (staged as a learner's workspace), the inverted run over the exercises,
+# and the browser test.
 test: $(STAMP)
 	$(BIN)/course build --check
-	$(TEST_ENV) $(PYTEST) tests notebooks solutions $(PYTEST_ARGS)
+	$(BIN)/course stage $(LEARNER)
+	$(TEST_ENV) COURSE_WORKSPACE=$(CURDIR)/$(LEARNER) $(PYTEST) tests $(LEARNER)/notebooks $(LEARNER)/exercises $(PYTEST_ARGS)
 	@echo "The checks against wrong implementations again, on other random cases (seed 7):"
 	$(TEST_ENV) COURSE_CHECK_SEED=7 $(BIN)/python -m pytest -q -n 2 tests/test_ch0*_checks.py
 

@@ -7,11 +7,13 @@
     course sync           copy new or updated course notebooks into work/
     course setup          one-time setup: Jupyter kernel, Graphviz, work/
     course build [--check]    (course authors) regenerate exercises/ from solutions/
+    course stage DIR          (course authors) a workspace in DIR with the lessons and solved exercises
     course execute PATH...    (course authors) re-run notebooks in place
     course new SCRIPT OUT     (course authors) a notebook from a percent-format script
 """
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -27,6 +29,7 @@ GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
 def cmd_sync(args=None):
     for what, path in workspace.sync():
         print(f"{what}: {path.relative_to(REPO_DIR) if path.is_relative_to(REPO_DIR) else path}")
+    workspace.mirror_library()
 
 
 def cmd_status(args):
@@ -143,14 +146,36 @@ def ensure_dot():
     return False
 
 
+LAB_SETTINGS = {
+    # No "would you like to receive official Jupyter news?" prompt, and no update checks.
+    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
+}
+
+
+def install_lab_settings():
+    """JupyterLab defaults for this environment (overrides.json in its settings folder)."""
+    folder = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "overrides.json"
+    text = json.dumps(LAB_SETTINGS, indent=1) + "\n"
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def cmd_stage(args):
+    print(f"staged {workspace.stage(args.folder)}")
+
+
 def cmd_setup(args):
     install_kernel()
+    install_lab_settings()
     ensure_dot()
     cmd_sync()
 
 
 def cmd_lab(args):
     cmd_sync()
+    install_lab_settings()
     ensure_dot()
     root = workspace.workspace_dir()
     argv = [sys.executable, "-m", "jupyter", "lab", "--ServerApp.ip=127.0.0.1",
@@ -178,6 +203,9 @@ def main(argv=None):
     q = sub.add_parser("build")
     q.add_argument("--check", action="store_true", help="only report stale exercise notebooks")
     q.set_defaults(fn=cmd_build)
+    q = sub.add_parser("stage")
+    q.add_argument("folder")
+    q.set_defaults(fn=cmd_stage)
     q = sub.add_parser("execute")
     q.add_argument("paths", nargs="+")
     q.add_argument("--timeout", type=int, default=600)

@@ -6,10 +6,14 @@ starting with `# %%`. `# %% [markdown]` starts a markdown cell whose lines are c
 """
 
 import json
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import nbformat
+from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 KERNEL = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
@@ -30,10 +34,25 @@ def write(nb, path):
 
 
 def execute(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3"):
-    """Run every cell in a fresh kernel started in `cwd`; returns the executed notebook."""
-    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=allow_errors,
+    """Run every cell in a fresh kernel started in `cwd`; returns the executed notebook.
+
+    On Linux and macOS the kernel talks over local (IPC) sockets rather than TCP: nothing is
+    exposed on the network, and the kernel has no plain-TCP warning to print.
+    """
+    km = KernelManager(kernel_name=kernel_name)
+    sockets = None
+    if os.name == "posix":  # socket files under an absolute path, since the kernel runs in `cwd`
+        sockets = tempfile.mkdtemp(prefix="course-kernel-")
+        km.transport, km.ip = "ipc", os.path.join(sockets, "k")
+    client = NotebookClient(nb, km=km, timeout=timeout, kernel_name=kernel_name, allow_errors=allow_errors,
                             resources={"metadata": {"path": str(cwd)}})
-    client.execute()
+    try:
+        client.execute()
+    finally:
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+        if sockets:
+            shutil.rmtree(sockets, ignore_errors=True)
     return nb
 
 

@@ -3,6 +3,7 @@
     work/notebooks/NN_topic.ipynb   copies of the lessons
     work/exercises/NN_topic.ipynb   copies of the exercises, to fill in
     work/backups/                   every copy `course reset` replaced, timestamped
+    work/course_lib/                a read-only copy of the library's source, to read in JupyterLab
     work/.sync.json                 which course version each copy came from
     work/.progress.json             the last result of every check
 
@@ -15,6 +16,7 @@ after backing the old one up.
 import hashlib
 import json
 import shutil
+import stat
 import time
 from pathlib import Path
 
@@ -69,6 +71,53 @@ def sync(repo=REPO_DIR):
             state[key] = new
     _save_state(state)
     return report
+
+
+LIBRARY_NOTE = """# The course's library, to read
+
+A read-only copy of `course_lib/`, the code the lessons ask you to read. `course lab` and
+`course sync` refresh it from the course, so edits here would be lost: your work goes in
+`exercises/`.
+"""
+
+
+def mirror_library(repo=REPO_DIR):
+    """Copy course_lib's source into work/course_lib/, read-only, so JupyterLab can show it."""
+    dst_root = workspace_dir() / "course_lib"
+    wanted = {p.relative_to(repo / "course_lib"): p for p in (repo / "course_lib").rglob("*.py")}
+    wanted[Path("README.md")] = None
+    for old in sorted(dst_root.rglob("*"), reverse=True) if dst_root.exists() else []:
+        rel = old.relative_to(dst_root)
+        if old.is_file() and rel not in wanted:
+            old.chmod(stat.S_IWUSR | stat.S_IRUSR)
+            old.unlink()
+        elif old.is_dir() and not any(old.iterdir()):
+            old.rmdir()
+    for rel, src in wanted.items():
+        dst = dst_root / rel
+        text = LIBRARY_NOTE if src is None else src.read_text(encoding="utf-8")
+        if dst.exists() and dst.read_text(encoding="utf-8") == text:
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.exists():
+            dst.chmod(stat.S_IWUSR | stat.S_IRUSR)
+        dst.write_text(text, encoding="utf-8")
+        dst.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+
+
+def stage(folder, repo=REPO_DIR):
+    """A learner's workspace in `folder` whose exercise notebooks are the solved ones (for tests)."""
+    folder = Path(folder).resolve()
+    if folder.exists():
+        for p in folder.rglob("*"):
+            if p.is_file():
+                p.chmod(stat.S_IWUSR | stat.S_IRUSR)
+        shutil.rmtree(folder)
+    for kind, source in (("notebooks", "notebooks"), ("exercises", "solutions")):
+        (folder / kind).mkdir(parents=True)
+        for src in sorted((repo / source).glob("[0-9][0-9]_*.ipynb")):
+            shutil.copyfile(src, folder / kind / src.name)
+    return folder
 
 
 def find(chapter, kind="exercises", repo=REPO_DIR):

@@ -19,7 +19,8 @@ import urllib.request
 
 import pytest
 
-from course_lib import REPO_DIR
+from course_lib import REPO_DIR, cli
+from course_lib import workspace as ws
 
 pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -32,14 +33,16 @@ def _free_port():
 
 
 @pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server on 127.0.0.1 with token auth, serving a copy of the welcome notebook."""
+def lab(tmp_path, monkeypatch):
+    """A JupyterLab server on 127.0.0.1 with token auth, serving a workspace laid out as `course lab`
+    serves work/: the welcome lesson in notebooks/, the library's source in course_lib/, and the
+    course's JupyterLab settings (no user settings of the test's own)."""
     root = tmp_path / "root"
-    root.mkdir()
-    shutil.copy(REPO_DIR / "notebooks/00_welcome.ipynb", root)
-    settings = tmp_path / "settings/@jupyterlab/apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    (root / "notebooks").mkdir(parents=True)
+    shutil.copy(REPO_DIR / "notebooks/00_welcome.ipynb", root / "notebooks")
+    monkeypatch.setenv("COURSE_WORKSPACE", str(root))
+    ws.mirror_library()
+    cli.install_lab_settings()
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
@@ -108,7 +111,9 @@ def _menu(page, menu, item):
 
 
 def _run_welcome(page, base, token):
-    page.goto(f"{base}/lab/tree/00_welcome.ipynb?token={token}")
+    listing = json.loads(urllib.request.urlopen(f"{base}/api/contents/course_lib?token={token}", timeout=30).read())
+    assert "autograd" in {item["name"] for item in listing["content"]}, "the library's source is not in the file browser"
+    page.goto(f"{base}/lab/tree/notebooks/00_welcome.ipynb?token={token}")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
     deadline = time.time() + 90
     while not _kernel_idle(base, token):  # the server's word that the kernel is up
@@ -126,6 +131,7 @@ def _run_welcome(page, base, token):
     failed = page.locator(".jp-OutputArea-output", has_text="CheckFailed")
     assert failed.count() >= 1, "the failing-check demo should show its error"
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    assert page.get_by_text("official Jupyter news").count() == 0, "JupyterLab asked about its news feed"
     images = page.locator(".jp-RenderedImage img")
     assert images.count() >= 1, "the moons scatter plot did not render"
     if os.environ.get("COURSE_SCREENSHOT"):

@@ -1,6 +1,7 @@
 """The learner's workspace: copies, updates that never clobber edits, resets with backups,
 and the `course` commands that read it."""
 
+import json
 import shutil
 
 import pytest
@@ -74,3 +75,47 @@ def test_status_lists_unstarted_exercises(workspace, capsys):
     cli.main(["status"])
     out = capsys.readouterr().out
     assert "not started" in out and "gradient_check" in out
+
+
+def test_course_check_prints_no_kernel_warning(workspace, capfd):
+    """The headless kernel talks over local sockets: no plain-TCP warning reaches the learner."""
+    (workspace / "exercises").mkdir(parents=True)
+    shutil.copy(REPO_DIR / "exercises/00_warmup.ipynb", workspace / "exercises/00_warmup.ipynb")
+    assert cli.main(["check", "00"]) == 1
+    out, err = capfd.readouterr()
+    assert "checks passed" in out
+    assert "WARNING" not in out + err and "encryption" not in out + err, err[-2000:]
+
+
+def test_library_mirror_is_readable_and_follows_the_course(repo, workspace):
+    """work/course_lib holds a read-only copy of the library that sync refreshes."""
+    lib = repo / "course_lib"
+    (lib / "pkg").mkdir(parents=True)
+    (lib / "pkg/one.py").write_text("ONE = 1\n")
+    (lib / "gone.py").write_text("GONE = 1\n")
+    ws.mirror_library(repo)
+    copy = workspace / "course_lib"
+    assert (copy / "pkg/one.py").read_text() == "ONE = 1\n"
+    assert "read-only" in (copy / "README.md").read_text()
+    assert not (copy / "pkg/one.py").stat().st_mode & 0o222, "the copy should be read-only"
+    (lib / "pkg/one.py").write_text("ONE = 2\n")
+    (lib / "gone.py").unlink()
+    ws.mirror_library(repo)
+    assert (copy / "pkg/one.py").read_text() == "ONE = 2\n" and not (copy / "gone.py").exists()
+    assert not (workspace / "exercises").exists(), "mirroring touches nothing but work/course_lib"
+
+
+def test_stage_holds_lessons_and_solved_exercises(tmp_path):
+    staged = ws.stage(tmp_path / "stage")
+    lessons = sorted(p.name for p in (staged / "notebooks").glob("*.ipynb"))
+    solved = sorted(p.name for p in (staged / "exercises").glob("*.ipynb"))
+    assert lessons == sorted(p.name for p in (REPO_DIR / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert solved == sorted(p.name for p in (REPO_DIR / "solutions").glob("[0-9][0-9]_*.ipynb"))
+    assert (staged / "exercises" / solved[0]).read_bytes() == (REPO_DIR / "solutions" / solved[0]).read_bytes()
+
+
+def test_lab_settings_silence_the_news_prompt(monkeypatch, tmp_path):
+    monkeypatch.setattr(cli.sys, "prefix", str(tmp_path))
+    cli.install_lab_settings()
+    settings = json.loads((tmp_path / "share/jupyter/lab/settings/overrides.json").read_text())
+    assert settings["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
