@@ -12,7 +12,7 @@ PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile \
 # folder, on the course kernel (as `course lab` runs them), so a path that works only from the repo fails.
 LEARNER := .learner-path
 
-.PHONY: lab test test-fast status check reset build setup clean-venv
+.PHONY: lab test test-fast sweep status check reset build setup clean-venv
 
 lab: $(STAMP)
 	$(BIN)/course lab
@@ -30,6 +30,10 @@ test: $(STAMP)
 # Unit tests only (no notebooks, no browser): a quick loop while writing course_lib.
 test-fast: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -n 2 -m "not browser" tests --ignore=tests/test_notebooks.py $(PYTEST_ARGS)
+
+# Opt-in: the checks against wrong implementations under 50 seeds (about 10 minutes).
+sweep: $(STAMP)
+	$(BIN)/python -m pytest -q --slow tests/test_seed_sweep.py
 
 status: $(STAMP)
 	$(BIN)/course status

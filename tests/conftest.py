@@ -7,7 +7,16 @@ import pytest
 from course_lib import device
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow (the seed sweep)")
+
+
 def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--slow"):
+        opt_in = pytest.mark.skip(reason="slow, opt-in: run with --slow (make sweep)")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(opt_in)
     if device.gpu_present():
         return
     skip = pytest.mark.skip(reason="needs a real CUDA GPU; none found, so CUDA code was tested on the simulator")
