@@ -1,0 +1,93 @@
+"""Your code, carried forward: what you wrote in one chapter runs the chapters after it.
+
+When a check passes in your exercise notebook, your functions are saved in work/yours/chNN.py
+(see `store`). A lesson then asks for the pieces it needs:
+
+    from course_lib import yours
+    parts = yours.pieces("01", reference={"mul": ..., "tanh": ...})
+
+and gets yours where you passed the check, the course's reference where you did not (or where
+`yours.use("01", False)` chose the reference), with one line saying which is which. Before a
+saved piece is used, its check runs again, so a piece that has stopped passing is named at
+once instead of failing deep inside a later chapter.
+"""
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import sys
+
+from course_lib.yours import store
+from course_lib.yours.capture import defined_here, module_source
+
+_choice = {}  # chapter -> True (the learner's pieces, the default) or False (the course's)
+
+
+def use(chapter, yours=True):
+    """Choose, for one chapter, the learner's saved pieces (default) or the course's reference."""
+    _choice[chapter] = bool(yours)
+
+
+def record(chapter, exercise, args, kwargs):
+    """Called by a check that has just passed: save the notebook-defined functions it was given."""
+    values = list(args) + list(kwargs.values())
+    names = [getattr(defined_here(v), "__name__", None) for v in values]
+    if not any(names):
+        return None
+    return store.save(chapter, exercise, names, module_source(values))
+
+
+def load(chapter):
+    """The learner's chapter module (work/yours/chNN.py) freshly imported, or None if there is none."""
+    path = store.module_path(chapter)
+    if not path.exists():
+        return None
+    name = f"course_yours_ch{chapter}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _verify(chapter, exercise, args):
+    """Run the exercise's check again on the saved functions; CheckFailed names the piece if they fail."""
+    from course_lib.checks import CheckFailed
+
+    check = getattr(importlib.import_module(f"course_lib.checks.ch{chapter}"), exercise)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            check(*args)
+    except CheckFailed as e:
+        raise CheckFailed(
+            f"your saved `{exercise}` ({store.module_path(chapter)}) fails its check again, so it cannot "
+            f"run here. Fix it in your exercise notebook and pass the check, or run "
+            f"`yours.use(\"{chapter}\", False)` to use the course's version.\n{e}") from None
+
+
+def pieces(chapter, reference, verify=True, quiet=False):
+    """{name: function} for every name in `reference`: the learner's saved one, else the reference.
+
+    reference: {name: the course's function}. The names are those the exercise asked for.
+    Prints one line saying which pieces are the learner's and which are the course's.
+    """
+    chosen, mine = dict(reference), []
+    saved = store.index(chapter) if _choice.get(chapter, True) else {}
+    module = load(chapter) if saved else None
+    for exercise, piece in saved.items():
+        wanted = [n for n in piece["names"] if n in reference]
+        if not wanted:
+            continue
+        funcs = [getattr(module, n, None) if n else None for n in piece["names"]]
+        if verify:
+            _verify(chapter, exercise, funcs)
+        for n, f in zip(piece["names"], funcs):
+            if n in reference and f is not None:
+                chosen[n] = f
+                mine.append(n)
+    if not quiet:
+        course = [n for n in reference if n not in mine]
+        print(f"chapter {chapter}: " + (f"your {', '.join(mine)}" if mine else "none of your code saved yet")
+              + (f"; the course's {', '.join(course)}" if course else "; nothing of the course's"))
+    return chosen
