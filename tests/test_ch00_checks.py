@@ -38,7 +38,7 @@ def test_reference_passes(capsys):
 
 @pytest.mark.parametrize("wrong, hint", [
     (lambda f, x, h=1e-5: (f(x + h) - f(x)) / h, "one-sided"),
-    (lambda f, x, h=1e-5: (f(x + h) - f(x - h)) / h, "divide by 2h"),
+    (lambda f, x, h=1e-5: (f(x + h) - f(x - h)) / h, "2h apart, divide by that"),
     (lambda f, x, h=1e-5: (f(x + h) - f(x - h)) / (4 * h), "half the derivative"),
     (lambda f, x, h=1e-5: None, "forget a `return`"),
 ])
@@ -103,3 +103,42 @@ def test_stub_is_reported_as_not_implemented():
         raise NotImplementedError("Exercise: replace this line with your code")
 
     expect_failure(check.numerical_derivative, stub, match="not implemented yet")
+
+
+# ---- the step h is drawn wide on every run: an implementation that ignores it fails -------
+
+def central_fixed_h(f, x, h=1e-5):
+    return (f(x + 1e-5) - f(x - 1e-5)) / (2e-5)
+
+
+def gradient_fixed_h(f, x, h=1e-5):
+    return gradient(f, x)
+
+
+def grad_check_fixed_h(f, grad_f, x, h=1e-5):
+    return grad_check(f, grad_f, x)
+
+
+def test_numerical_derivative_must_use_h():
+    expect_failure(check.numerical_derivative, central_fixed_h, match="ignores its argument h")
+
+
+def test_numerical_gradient_must_use_h():
+    expect_failure(check.numerical_gradient, gradient_fixed_h, match="ignores its argument h")
+
+
+def test_gradient_check_must_pass_h_on():
+    expect_failure(check.gradient_check, grad_check_fixed_h, gradient, match="ignores its argument h")
+
+
+def test_gradient_check_uses_the_given_numerical_gradient():
+    expect_failure(check.gradient_check, grad_check, first_element_only, match="fix numerical_gradient first")
+
+
+def test_reference_tools_agree_with_the_exercises():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, size=(2, 3))
+    f = lambda x: float(np.sum(np.sin(x) * x))
+    assert np.allclose(check.reference_numerical_gradient(f, x.copy()), gradient(f, x.copy()))
+    assert check.reference_gradient_check(f, lambda x: np.sin(x) + x * np.cos(x), x) < 1e-8
+    assert check.reference_gradient_check(f, lambda x: np.sin(x), x) > 0.1

@@ -12,16 +12,6 @@ from course_lib.checks.ch01 import svm_loss
 
 # ---- reference answers -------------------------------------------------------------------
 
-def add(a, b):
-    return Value(a.data + b.data, (a, b), "+")
-
-
-def add_backward(out):
-    a, b = out._prev
-    a.grad += out.grad
-    b.grad += out.grad
-
-
 def mul(a, b):
     return Value(a.data * b.data, (a, b), "*")
 
@@ -30,6 +20,15 @@ def mul_backward(out):
     a, b = out._prev
     a.grad += b.data * out.grad
     b.grad += a.data * out.grad
+
+
+def exp(a):
+    return Value(math.exp(a.data), (a,), "exp")
+
+
+def exp_backward(out):
+    (a,) = out._prev
+    a.grad += out.data * out.grad
 
 
 def power(a, k):
@@ -104,8 +103,8 @@ def sgd_step(model, X, y, lr):
 
 
 def test_reference_passes(capsys):
-    check.add(add, add_backward)
     check.mul(mul, mul_backward)
+    check.exp(exp, exp_backward)
     check.power(power, pow_backward)
     check.tanh(tanh, tanh_backward)
     check.relu(relu, relu_backward)
@@ -120,38 +119,12 @@ def test_reference_passes(capsys):
 def test_untouched_stubs_fail():
     def stub(*args):
         raise NotImplementedError
-    for name, n in [("add", 2), ("mul", 2), ("power", 2), ("tanh", 2), ("relu", 2), ("topological_order", 1),
+    for name, n in [("mul", 2), ("exp", 2), ("power", 2), ("tanh", 2), ("relu", 2), ("topological_order", 1),
                     ("backward", 1), ("neuron_call", 1), ("mlp_parameters", 1), ("sgd_step", 1)]:
         expect_failure(getattr(check, name), *[stub] * n, match="not implemented")
 
 
 # ---- wrong implementations ---------------------------------------------------------------
-
-def add_assign(out):
-    a, b = out._prev
-    a.grad = out.grad
-    b.grad = out.grad
-
-
-def add_no_chain(out):
-    a, b = out._prev
-    a.grad += 1
-    b.grad += 1
-
-
-def add_wrong_op(a, b):
-    return Value(a.data + b.data, (a, b), "add")
-
-
-@pytest.mark.parametrize("fwd, bwd, match", [
-    (add, add_assign, "+="),
-    (add, add_no_chain, "out.grad"),
-    (add_wrong_op, add_backward, "op name"),
-    (lambda a, b: Value(a.data - b.data, (a, b), "+"), add_backward, "differs"),
-])
-def test_add_rejects(fwd, bwd, match):
-    expect_failure(check.add, fwd, bwd, match=match)
-
 
 def mul_own(out):
     a, b = out._prev
@@ -165,9 +138,60 @@ def mul_assign(out):
     b.grad = a.data * out.grad
 
 
-@pytest.mark.parametrize("bwd, match", [(mul_own, "OTHER input"), (mul_assign, "+=")])
-def test_mul_rejects(bwd, match):
-    expect_failure(check.mul, mul, bwd, match=match)
+def mul_set_children(a, b):  # micrograd keeps its children in a set: x * x then has one child
+    return Value(a.data * b.data, tuple({a: None, b: None}), "*")
+
+
+def mul_no_chain(out):
+    a, b = out._prev
+    a.grad += b.data
+    b.grad += a.data
+
+
+@pytest.mark.parametrize("fwd, bwd, match", [
+    (mul, mul_own, "OTHER input"),
+    (mul, mul_assign, "+="),
+    (mul_set_children, mul_backward, "raised ValueError"),
+    (mul, mul_no_chain, "differs"),
+    (lambda a, b: Value(a.data * b.data, (a, b), "mul"), mul_backward, "op name"),
+])
+def test_mul_rejects(fwd, bwd, match):
+    expect_failure(check.mul, fwd, bwd, match=match)
+
+
+def exp_from_input(out):
+    (a,) = out._prev
+    a.grad += a.data * out.grad
+
+
+def exp_no_chain(out):
+    (a,) = out._prev
+    a.grad += out.data
+
+
+def exp_assign(out):
+    (a,) = out._prev
+    a.grad = out.data * out.grad
+
+
+@pytest.mark.parametrize("fwd, bwd, match", [
+    (exp, exp_from_input, "OUTPUT"),
+    (exp, exp_no_chain, "out.grad"),
+    (exp, exp_assign, "+="),
+    (lambda a: Value(math.exp(a.data), (a,), "exp"), lambda out: None, "differs"),
+    (lambda a: Value(math.e * a.data, (a,), "exp"), exp_backward, "differs"),
+])
+def test_exp_rejects(fwd, bwd, match):
+    expect_failure(check.exp, fwd, bwd, match=match)
+
+
+def test_rules_go_through_chapter_00s_gradient_check():
+    """A rule that matches PyTorch only because the forward is wrong in the same way would still be
+    caught; here the oracle itself: the course's gradient check flags a wrong rule on its own."""
+    expr = check._binary(mul)
+    good = check._gradient_check(expr, "*", [0.3, -0.7, 1.1], mul_backward)
+    bad = check._gradient_check(expr, "*", [0.3, -0.7, 1.1], mul_own)
+    assert good < 1e-6 < 1e-2 < bad
 
 
 def pow_off_by_one(out):

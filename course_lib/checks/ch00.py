@@ -1,4 +1,10 @@
-"""Checks for chapter 00, the warm-up: numerical derivatives and gradient checking."""
+"""Checks for chapter 00, the warm-up: numerical derivatives and gradient checking.
+
+The module also keeps the course's own gradient-checking tools, `reference_numerical_gradient`
+and `reference_gradient_check`, the same algorithms as the exercises. Later chapters use them to
+test backward passes (chapter 01's lesson and checks do), so that every exact gradient in the
+course is compared with the nudging estimate of chapter 00.
+"""
 
 import numpy as np
 import torch
@@ -13,6 +19,40 @@ _FUNCS = [
     ("tanh(2x - 1)", lambda x: np.tanh(2 * x - 1), lambda x: torch.tanh(2 * x - 1)),
 ]
 
+WIDE_H = 0.05  # a step large enough that the formula's own error shows: an h that is ignored gets caught
+
+
+# ---- the course's gradient-checking tools ------------------------------------------------
+
+def reference_numerical_gradient(f, x, h=1e-5):
+    """The gradient of f (array -> float) at x by central differences, one element at a time.
+    x is nudged in place and restored, so it is unchanged afterwards."""
+    x = np.asarray(x, dtype=np.float64)
+    grad = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + h
+        up = f(x)
+        x[i] = old - h
+        down = f(x)
+        x[i] = old
+        grad[i] = (up - down) / (2 * h)
+    return grad
+
+
+def _relative_error(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(a) + np.abs(b), 1e-12)))
+
+
+def reference_gradient_check(f, grad_f, x, h=1e-5):
+    """The worst relative error max_i |g_i - n_i| / max(|g_i| + |n_i|, 1e-12) between the analytic
+    gradient g = grad_f(x) and the numerical one n: about 1e-8 or less when g is right, near 1 when not."""
+    x = np.array(x, dtype=np.float64)
+    return _relative_error(grad_f(x), reference_numerical_gradient(f, x, h))
+
+
+# ---- the checks ----------------------------------------------------------------------------
 
 def _torch_derivative(tf, x):
     t = torch.tensor(x, dtype=torch.float64, requires_grad=True)
@@ -22,7 +62,8 @@ def _torch_derivative(tf, x):
 
 @exercise
 def numerical_derivative(numerical_derivative):
-    """Central difference f'(x) ~ (f(x+h) - f(x-h)) / 2h against PyTorch's exact derivative."""
+    """Central difference f'(x) ~ (f(x+h) - f(x-h)) / 2h against PyTorch's exact derivative,
+    and, with a wide step h, against the formula itself (so that h must be used)."""
     n = 0
     for desc, f, tf in _FUNCS:
         for x in rng().uniform(-2, 2, size=3):
@@ -33,12 +74,23 @@ def numerical_derivative(numerical_derivative):
             forward = (f(x + h) - f(x)) / h
             assert_close(yours, expected, what=f"the derivative of f(x) = {desc} at x = {x:.6f}",
                          rtol=1e-7, atol=1e-8,
-                         mistakes={"that is the one-sided difference (f(x+h) - f(x)) / h; "
-                                   "use the central difference (f(x+h) - f(x-h)) / (2h)": forward,
-                                   "twice the derivative: divide by 2h, not h": 2 * expected,
-                                   "half the derivative: the step from x-h to x+h is 2h, not 4h": expected / 2})
+                         mistakes={"that is the one-sided difference, from x to x+h only: step to both "
+                                   "sides of x, by h each way": forward,
+                                   "twice the derivative: the two points are 2h apart, divide by that": 2 * expected,
+                                   "half the derivative: the two points are 2h apart, not 4h": expected / 2})
             n += 1
-    return f"{n} random points on {len(_FUNCS)} functions"
+        # A wide step, drawn on every run: the answer must depend on h as the formula says.
+        x = float(rng().uniform(-2, 2))
+        yours = numerical_derivative(f, x, WIDE_H)
+        expected = (f(x + WIDE_H) - f(x - WIDE_H)) / (2 * WIDE_H)
+        assert_close(yours, expected, what=f"the central difference of f(x) = {desc} at x = {x:.6f} with h = {WIDE_H}",
+                     rtol=1e-9, atol=1e-12,
+                     mistakes={"your function ignores its argument h: use the h it is given, not a fixed step":
+                               numerical_derivative(f, x)},
+                     hint="with a wide step the estimate differs from the exact derivative; the check compares "
+                          "with the formula at that same h.")
+        n += 1
+    return f"{n} random points on {len(_FUNCS)} functions, one with a wide step h"
 
 
 def _vector_fn(rng_, shape):
@@ -50,6 +102,13 @@ def _vector_fn(rng_, shape):
     return f, tf
 
 
+def _require_unchanged(x, x_before):
+    require(np.array_equal(x, x_before),
+            f"your function changed its input x (first change at index "
+            f"{tuple(int(i) for i in np.argwhere(x != x_before)[0]) if (x != x_before).any() else '?'}).",
+            hint="after nudging x[i] by +h and -h, put the original value back.")
+
+
 @exercise
 def numerical_gradient(numerical_gradient):
     """The gradient of f: R^shape -> R by central differences, one element at a time."""
@@ -59,21 +118,25 @@ def numerical_gradient(numerical_gradient):
         x = rng().uniform(-1.5, 1.5, size=shape)
         x_before = x.copy()
         yours = numerical_gradient(f, x)
-        require(np.array_equal(x, x_before),
-                f"your function changed its input x (first change at index "
-                f"{tuple(int(i) for i in np.argwhere(x != x_before)[0]) if (x != x_before).any() else '?'}).",
-                hint="after nudging x[i] by +h and -h, put the original value back.")
+        _require_unchanged(x, x_before)
         t = torch.tensor(x, requires_grad=True)
         tf(t).backward()
         assert_close(yours, t.grad.numpy(), what=f"the gradient for an input of shape {shape}",
                      rtol=1e-6, atol=1e-7, inputs={"x": x},
                      hint="nudge one element at a time (np.ndindex walks every index) and keep the other elements fixed.")
-    return "3 random functions of 1-D, 2-D and 3-D inputs"
-
-
-def _relative_error(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.max(np.abs(a - b) / np.maximum(np.abs(a) + np.abs(b), 1e-12)))
+    # A wide step, drawn on every run: the answer must depend on h.
+    shape = (2, int(rng().integers(2, 5)))
+    f, _ = _vector_fn(rng(), shape)
+    x = rng().uniform(-1.5, 1.5, size=shape)
+    expected = reference_numerical_gradient(f, x.copy(), WIDE_H)
+    x_before = x.copy()
+    yours = numerical_gradient(f, x, WIDE_H)
+    _require_unchanged(x, x_before)
+    assert_close(yours, expected, what=f"the gradient for an input of shape {shape} with h = {WIDE_H}",
+                 rtol=1e-9, atol=1e-12, inputs={"x": x},
+                 mistakes={"your function ignores its argument h: use the h it is given, not a fixed step":
+                           reference_numerical_gradient(f, x.copy())})
+    return "3 random functions of 1-D, 2-D and 3-D inputs, and one with a wide step h"
 
 
 @exercise
@@ -87,6 +150,11 @@ def gradient_check(gradient_check, numerical_gradient):
         t = torch.tensor(x, requires_grad=True)
         tf(t).backward()
         return t.grad.numpy()
+
+    # gradient_check is built on numerical_gradient: make sure that one is right first.
+    mine = numerical_gradient(f, x.copy())
+    assert_close(mine, true_grad(x), what="your numerical_gradient (which gradient_check uses)", rtol=1e-6, atol=1e-7,
+                 hint="fix numerical_gradient first: its check, just above, tells you how.")
 
     good = gradient_check(f, true_grad, x)
     require(np.ndim(good) == 0, f"gradient_check should return one number (the worst element), got {fmt(good)}.",
@@ -109,4 +177,12 @@ def gradient_check(gradient_check, numerical_gradient):
                                "that is the absolute error; divide by |g| + |n|": float(np.max(np.abs(g - n))),
                                "take the absolute value of g - n (and of g and n in the denominator)":
                                float(np.max((g - n) / np.maximum(g + n, 1e-12)))})
-    return "a correct gradient and 3 planted bugs"
+    # A correct gradient with a wide step h, drawn on every run: the numerical gradient's own
+    # error now shows, so an h that is not passed on to numerical_gradient gets caught.
+    yours = gradient_check(f, true_grad, x, WIDE_H)
+    expected = _relative_error(true_grad(x), numerical_gradient(f, x.copy(), WIDE_H))
+    assert_close(yours, expected, what=f"the relative error of a correct gradient with h = {WIDE_H}",
+                 rtol=1e-6, atol=1e-12,
+                 mistakes={"your gradient_check ignores its argument h: pass it on to numerical_gradient":
+                           _relative_error(true_grad(x), numerical_gradient(f, x.copy()))})
+    return "a correct gradient, 3 planted bugs and a wide step h"

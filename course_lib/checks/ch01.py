@@ -1,5 +1,7 @@
 """Checks for chapter 01, the scalar autograd engine: each op, the topological sort,
-backward(), a neuron, an MLP's parameters and one training step, all against PyTorch float64."""
+backward(), a neuron, an MLP's parameters and one training step, all against PyTorch float64.
+Each op's rule is also put through chapter 00's gradient check: the learner's backward against
+nudging the learner's own forward."""
 
 import contextlib
 
@@ -9,6 +11,7 @@ import torch
 from course_lib.autograd import MLP, Neuron, Value
 from course_lib.autograd import engine
 from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng
+from course_lib.checks.ch00 import reference_gradient_check
 
 CASES = 12
 
@@ -44,8 +47,20 @@ def _torch(expr, values):
     return [out.item()] + [t.grad.item() for t in ts]
 
 
+def _gradient_check(expr, op, values, rule):
+    """Chapter 00's gradient check: the grads of expr by backprop (with `rule` as op's rule)
+    against the central differences of expr's forward values."""
+    def f(x):
+        return float(expr(*_leaves(x)).data)
+
+    def grad_f(x):
+        return np.array(_run(expr, op, x, rule)[1:], dtype=np.float64)
+    return reference_gradient_check(f, grad_f, np.asarray(values, dtype=np.float64))
+
+
 def _check_op(op, forward, backward, expr_for, low, high, wrong_rules, n=CASES):
-    """Random expressions that use the learner's op (some inputs twice) against PyTorch."""
+    """Random expressions that use the learner's op (some inputs twice, one node as both inputs
+    of a binary op) against PyTorch, then through chapter 00's gradient check."""
     probe = forward(*[Value(0.7)] * (2 if op in ("+", "*") else 1))
     require(isinstance(probe, Value), f"your forward returned {fmt(probe)}, not a Value.",
             hint="return Value(data, (children...), op).")
@@ -61,7 +76,12 @@ def _check_op(op, forward, backward, expr_for, low, high, wrong_rules, n=CASES):
                      inputs={"a, b, c": values}, rtol=1e-9, atol=1e-12, mistakes=mistakes,
                      hint="the forward value is element 0; the grads follow. Check the local derivative "
                           "and that you add (+=) into each child's grad.")
-    return f"{n} random expressions, compared with PyTorch float64"
+        error = _gradient_check(ours, op, values, backward)
+        require(error < 1e-4, f"chapter 00's gradient check on a random expression using {op} (a, b, c = "
+                f"{fmt(values)}): the worst relative error between your grads and the numerical ones is "
+                f"{fmt(error)}, expected below 1e-4.",
+                hint="your backward rule does not match your forward: check the local derivative.")
+    return f"{n} random expressions, against PyTorch float64 and chapter 00's gradient check"
 
 
 # ---- expressions, each written once for Values and tensors alike -------------------------
@@ -71,7 +91,8 @@ def _binary(f):
         u = f(a, b)
         v = f(u, a)  # a is used twice
         w = f(v.tanh(), c)
-        return f(w, u) * 0.7 + w.tanh()  # u and w are used twice
+        s = f(c, c)  # one node as both inputs: c + c, c * c
+        return f(w, u) * 0.7 + w.tanh() + s * 0.3  # u and w are used twice
     return expr
 
 
@@ -82,26 +103,6 @@ def _unary(f):
         w = f(v) + f(v * b)
         return w * 0.5 + f(a) * (v + f(a))  # f(a) twice, and a feeds the op and a product
     return expr
-
-
-def _plus_wrong():
-    def assign(out):
-        a, b = out._prev
-        a.grad = out.grad
-        b.grad = out.grad
-
-    def no_chain(out):
-        a, b = out._prev
-        a.grad += 1
-        b.grad += 1
-    return {"a node used twice loses one of its gradients: use += (accumulate), not =": assign,
-            "multiply by out.grad: the chain rule carries the gradient from the output": no_chain}
-
-
-@exercise
-def add(add, add_backward):
-    """out = a + b: forward and backward."""
-    return _check_op("+", add, add_backward, lambda case: (_binary(add), _binary(lambda x, y: x + y)), -1.5, 1.5, _plus_wrong())
 
 
 @exercise
@@ -119,6 +120,27 @@ def mul(mul, mul_backward):
     wrong = {"a node used twice loses one of its gradients: use += (accumulate), not =": assign,
              "d(a*b)/da is b, not a: each input's grad uses the OTHER input's data": own}
     return _check_op("*", mul, mul_backward, lambda case: (_binary(mul), _binary(lambda x, y: x * y)), -1.5, 1.5, wrong)
+
+
+@exercise
+def exp(exp, exp_backward):
+    """out = exp(a): forward and backward."""
+    def from_input(out):
+        (a,) = out._prev
+        a.grad += a.data * out.grad
+
+    def no_chain(out):
+        (a,) = out._prev
+        a.grad += out.data
+
+    def assign(out):
+        (a,) = out._prev
+        a.grad = out.data * out.grad
+    wrong = {"d exp(a)/da = exp(a), which is the OUTPUT out.data, not the input a.data": from_input,
+             "multiply by out.grad: the chain rule carries the gradient from the output": no_chain,
+             "a node used twice loses one of its gradients: use += (accumulate), not =": assign}
+    # inputs in [-0.5, 0.5] keep the nested exponentials of the expression below about 200
+    return _check_op("exp", exp, exp_backward, lambda case: (_unary(exp), _unary(torch.exp)), -0.5, 0.5, wrong)
 
 
 @exercise
