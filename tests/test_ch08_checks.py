@@ -190,3 +190,191 @@ def test_stub_is_reported_as_not_implemented():
 
     for c in (check.im2col, check.conv2d_forward, check.conv2d_weight_grad, check.conv2d_input_grad, check.custom_op):
         expect_failure(c, stub, match="not implemented yet")
+
+
+# ---- the Numba conv2d kernel ---------------------------------------------------------------
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+@numba.njit(cache=True)
+def conv_rows_reference(x, w, b, out, stride, padding):
+    N, C, H, W = x.shape
+    O, _, KH, KW = w.shape
+    _, _, OH, OW = out.shape
+    for n in range(N):
+        for o in range(O):
+            for i in range(OH):
+                for j in range(OW):
+                    acc = b[o]
+                    for c in range(C):
+                        for p in range(KH):
+                            h = i * stride - padding + p
+                            for q in range(KW):
+                                v = j * stride - padding + q
+                                if 0 <= h < H and 0 <= v < W:
+                                    acc += w[o, c, p, q] * x[n, c, h, v]
+                    out[n, o, i, j] = acc
+
+
+@numba.njit(cache=True)
+def conv_rows_flipped(x, w, b, out, stride, padding):
+    """A true convolution: tap (p, q) uses the kernel's opposite entry."""
+    N, C, H, W = x.shape
+    O, _, KH, KW = w.shape
+    _, _, OH, OW = out.shape
+    for n in range(N):
+        for o in range(O):
+            for i in range(OH):
+                for j in range(OW):
+                    acc = b[o]
+                    for c in range(C):
+                        for p in range(KH):
+                            for q in range(KW):
+                                h, v = i * stride - padding + p, j * stride - padding + q
+                                if 0 <= h < H and 0 <= v < W:
+                                    acc += w[o, c, KH - 1 - p, KW - 1 - q] * x[n, c, h, v]
+                    out[n, o, i, j] = acc
+
+
+@numba.njit(cache=True)
+def conv_rows_pad_one_side(x, w, b, out, stride, padding):
+    """Forgets to shift the window by -padding: the zeros end up after the image only."""
+    N, C, H, W = x.shape
+    O, _, KH, KW = w.shape
+    _, _, OH, OW = out.shape
+    for n in range(N):
+        for o in range(O):
+            for i in range(OH):
+                for j in range(OW):
+                    acc = b[o]
+                    for c in range(C):
+                        for p in range(KH):
+                            for q in range(KW):
+                                h, v = i * stride + p, j * stride + q
+                                if h < H and v < W:
+                                    acc += w[o, c, p, q] * x[n, c, h, v]
+                    out[n, o, i, j] = acc
+
+
+@numba.njit(cache=True)
+def conv_rows_no_stride(x, w, b, out, stride, padding):
+    N, C, H, W = x.shape
+    O, _, KH, KW = w.shape
+    _, _, OH, OW = out.shape
+    for n in range(N):
+        for o in range(O):
+            for i in range(OH):
+                for j in range(OW):
+                    acc = b[o]
+                    for c in range(C):
+                        for p in range(KH):
+                            for q in range(KW):
+                                h, v = i - padding + p, j - padding + q
+                                if 0 <= h < H and 0 <= v < W:
+                                    acc += w[o, c, p, q] * x[n, c, h, v]
+                    out[n, o, i, j] = acc
+
+
+@numba.njit(cache=True)
+def conv_rows_accumulates(x, w, b, out, stride, padding):
+    """Adds into out as if it started at zero."""
+    N, C, H, W = x.shape
+    O, _, KH, KW = w.shape
+    _, _, OH, OW = out.shape
+    for n in range(N):
+        for o in range(O):
+            for i in range(OH):
+                for j in range(OW):
+                    out[n, o, i, j] += b[o]
+                    for c in range(C):
+                        for p in range(KH):
+                            for q in range(KW):
+                                h, v = i * stride - padding + p, j * stride - padding + q
+                                if 0 <= h < H and 0 <= v < W:
+                                    out[n, o, i, j] += w[o, c, p, q] * x[n, c, h, v]
+
+
+def conv_rows_plain_python(x, w, b, out, stride, padding):
+    out[:] = F.conv2d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), stride=stride, padding=padding).numpy()
+
+
+def test_conv2d_numba_reference_passes(capsys):
+    check.conv2d_numba(conv_rows_reference)
+    assert "passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, hint", [(conv_rows_flipped, "flipped"), (conv_rows_pad_one_side, "one side only"),
+                                         (conv_rows_no_stride, "stride is ignored"), (conv_rows_accumulates, "garbage"),
+                                         (conv_rows_plain_python, "Numba-compiled")])
+def test_conv2d_numba_rejects(wrong, hint):
+    expect_failure(check.conv2d_numba, wrong, match=hint)
+
+
+# ---- the C++ bias + GELU, through its autograd.Function ------------------------------------
+# The check sees only the Function, so the wrong implementations are written with torch ops here
+# (building a C++ extension per mistake would take minutes); the solution notebook runs the C++ one.
+
+K = (2 / torch.pi) ** 0.5
+
+
+def gelu_tanh(u):
+    return 0.5 * u * (1 + torch.tanh(K * (u + 0.044715 * u ** 3)))
+
+
+def gelu_tanh_grad(u, tanh_prime=True):
+    t = torch.tanh(K * (u + 0.044715 * u ** 3))
+    return 0.5 * (1 + t) + (0.5 * u * (1 - t * t) * K * (1 + 3 * 0.044715 * u * u) if tanh_prime else 0)
+
+
+def make_bias_gelu(forward=gelu_tanh, grad=gelu_tanh_grad, db=lambda dx: dx.sum(dim=dims(dx))):
+    class G(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, b):
+            ctx.save_for_backward(x, b)
+            return forward(x + bview(b, x))
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, b = ctx.saved_tensors
+            dx = dy * grad(x + bview(b, x))
+            return dx, db(dx)
+    return G
+
+
+def test_bias_gelu_reference_passes(capsys):
+    check.bias_gelu_cpp(make_bias_gelu())
+    assert "passed" in capsys.readouterr().out
+
+
+def erf_grad(u):
+    return 0.5 * (1 + torch.erf(u / 2 ** 0.5)) + u * torch.exp(-u * u / 2) / (2 * torch.pi) ** 0.5
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (make_bias_gelu(forward=F.gelu, grad=erf_grad), "erf"),
+    (make_bias_gelu(db=lambda dx: dx[0].reshape(dx.shape[1], -1).sum(1)), "summed over the batch"),
+    (make_bias_gelu(grad=lambda u: gelu_tanh_grad(u, tanh_prime=False)), "tanh' term"),
+    (make_bias_gelu(forward=lambda u: gelu_tanh(u), grad=lambda u: gelu_tanh_grad(u) * 1.001), "differs"),
+    (torch.nn.GELU, "subclass of torch.autograd.Function"),
+])
+def test_bias_gelu_rejects(wrong, hint):
+    expect_failure(check.bias_gelu_cpp, wrong, match=hint)
+
+
+
+@numba.njit
+def numba_stub(x, w, b, out, stride, padding):
+    raise NotImplementedError("Exercise: replace this line with your code")
+
+
+class GeluStub(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, b):
+        raise NotImplementedError("Exercise: replace this line with your code")
+
+
+def test_new_stubs_are_reported_as_not_implemented():
+    expect_failure(check.conv2d_numba, numba_stub, match="not implemented yet")
+    expect_failure(check.bias_gelu_cpp, GeluStub, match="not implemented yet")

@@ -198,7 +198,11 @@ def conv2d_weight_grad(conv2d_weight_grad):
         if xs[0] > 1:
             mistakes["that is the first sample's gradient only: sum dy[n] @ cols[n].T over the whole batch"] = dw_first
         assert_close(yours, dw, what=f"dL/dw for x {xs}, w {ws}, {c}", mistakes=mistakes)
-    return "4 random shapes with stride, padding and dilation"
+    xs, ws, c = _conv_case(rich=True)
+    x, w, dy, _, _ = _conv_grads(xs, ws, c)
+    yours, wv = conv2d_weight_grad(x, dy, ws, **c), w.clone()
+    _gradient_check(yours, lambda: (F.conv2d(x, wv, None, **c) * dy).sum(), wv, f"dL/dw for x {xs}, w {ws}, {c}", h=1e-4)
+    return "4 random shapes with stride, padding and dilation, and chapter 00's gradient check"
 
 
 @exercise
@@ -219,4 +223,144 @@ def conv2d_input_grad(conv2d_input_grad):
         assert_close(yours, dx, what=f"dL/dx for x {xs}, w {ws}, {c}",
                      mistakes={"the kernel is flipped: the forward is a cross-correlation, so use w as it is "
                                "in w^T @ dy and let col2im put each entry back where im2col took it": dx_flip})
-    return "4 random shapes with stride, padding and dilation"
+    xs, ws, c = _conv_case(rich=True)
+    x, w, dy, _, _ = _conv_grads(xs, ws, c)
+    yours, xv = conv2d_input_grad(dy, w, xs, **c), x.clone()
+    _gradient_check(yours, lambda: (F.conv2d(xv, w, None, **c) * dy).sum(), xv, f"dL/dx for x {xs}, w {ws}, {c}", h=1e-4)
+    return "4 random shapes with stride, padding and dilation, and chapter 00's gradient check"
+
+
+# ---- chapter 00's gradient check, as an extra oracle for the backward passes -----------------
+
+def _numerical_grad(loss, t, h=1e-6):
+    """Central differences of the scalar loss() with respect to every element of t (changed in place, restored)."""
+    grad = torch.zeros_like(t)
+    flat, g = t.view(-1), grad.view(-1)
+    for i in range(flat.numel()):
+        old = flat[i].item()
+        flat[i] = old + h
+        up = float(loss())
+        flat[i] = old - h
+        down = float(loss())
+        flat[i] = old
+        g[i] = (up - down) / (2 * h)
+    return grad
+
+
+def _gradient_check(yours, loss, t, what, tol=1e-6, h=1e-6):
+    """Chapter 00's gradient check: the worst relative error between your gradient and central differences."""
+    from course_lib.checks.ch00 import _relative_error
+
+    with torch.no_grad():
+        err = _relative_error(_as_numpy(yours), _as_numpy(_numerical_grad(loss, t, h)))
+    require(err < tol, f"chapter 00's gradient check: the relative error of {what} against central differences "
+                       f"is {err:.2e} (a correct gradient gives below {tol:.0e}).")
+    return err
+
+
+def _as_numpy(t):
+    return t.detach().cpu().double().numpy() if hasattr(t, "detach") else t
+
+
+# ---- a conv2d kernel in Numba ---------------------------------------------------------------
+
+def _numba_case(i):
+    """x, w shapes, stride and padding; the first case has stride 2 and padding 1 or 2, so that
+    ignoring either shows; sizes are drawn so that nothing is square or a multiple of anything."""
+    while True:
+        N, C, O = (int(v) for v in rng().integers(1, 4, size=3))
+        H, W = (int(v) for v in rng().integers(5, 12, size=2))
+        kh, kw = (int(v) for v in rng().integers(1, 5, size=2))
+        stride, padding = int(rng().integers(1, 4)), int(rng().integers(0, 3))
+        if i == 0:
+            N, stride, padding, kh, kw, H = max(N, 2), 2, max(padding, 1), max(kh, 2), max(kw, 3), W + 1
+        oh, ow = (H + 2 * padding - kh) // stride + 1, (W + 2 * padding - kw) // stride + 1
+        if oh >= 2 and ow >= 2 and (i > 0 or kh != kw):
+            return (N, C, H, W), (O, C, kh, kw), stride, padding
+
+
+@exercise
+def conv2d_numba(kernel):
+    """kernel(x, w, b, out, stride, padding) fills out with conv2d, an @njit function on numpy arrays."""
+    require(hasattr(kernel, "py_func") and hasattr(kernel, "signatures"),
+            f"expected a Numba-compiled function, got {kernel!r}.",
+            hint="put @numba.njit on the line above `def`.")
+    for i in range(4):
+        xs, ws, s, p = _numba_case(i)
+        x, w, b = (rng().uniform(-2, 2, size=shape) for shape in (xs, ws, ws[:1]))
+        xt, wt, bt = (torch.from_numpy(a) for a in (x, w, b))
+        expected = F.conv2d(xt, wt, bt, stride=s, padding=p)
+        garbage = rng().uniform(5, 9, size=expected.shape)
+        out = garbage.copy()
+        x0, w0 = x.copy(), w.copy()
+        kernel(x, w, b, out, s, p)
+        require((x == x0).all() and (w == w0).all(), "your kernel changed x or w; it should only write to out.")
+        OH, OW = expected.shape[2:]
+        pad_after = F.conv2d(F.pad(xt, (0, 2 * p, 0, 2 * p)), wt, bt, stride=s)[..., :OH, :OW]
+        mistakes = {
+            "your kernel is flipped: that is a true convolution; deep learning's conv2d is a cross-correlation, "
+            "so tap (p, q) reads x[.., i*stride - padding + p, j*stride - padding + q]": F.conv2d(xt, wt.flip(2, 3), bt, stride=s, padding=p),
+            "the stride is ignored: output (i, j) starts reading at row i*stride - padding and column j*stride - padding":
+            F.conv2d(xt, wt, bt, stride=1, padding=p)[..., :OH, :OW],
+            "the padding sits on one side only: window (i, j) starts at i*stride - padding, not at i*stride "
+            "(the zeros of the padding come before the image as well as after it)": pad_after,
+            "the bias is missing: every output of channel o starts from b[o]": F.conv2d(xt, wt, None, stride=s, padding=p),
+            "out arrives holding garbage (like np.empty): set every element, do not only add to it":
+            expected.numpy() + garbage,
+        }
+        assert_close(out, expected, what=f"conv2d for x {xs}, w {ws}, stride {s}, padding {p}", mistakes=mistakes)
+    return "4 random shapes with stride and padding"
+
+
+# ---- a C++ bias + GELU with its backward ---------------------------------------------------
+
+_GELU_K = (2 / torch.pi) ** 0.5
+
+
+def _gelu_tanh_parts(u):
+    t = torch.tanh(_GELU_K * (u + 0.044715 * u ** 3))
+    return t, 0.5 * u * (1 + t)
+
+
+@exercise
+def bias_gelu_cpp(BiasGELU):
+    """A torch.autograd.Function computing gelu_tanh(x + b) (b along dimension 1) with its own backward."""
+    require(isinstance(BiasGELU, type) and issubclass(BiasGELU, torch.autograd.Function),
+            f"expected a subclass of torch.autograd.Function, got {BiasGELU!r}.")
+    for _ in range(3):
+        x, b, bview = _bias_relu_case()
+        u = x + bview
+        out = BiasGELU.apply(x, b)
+        ref = F.gelu(u, approximate="tanh")
+        t, _ = _gelu_tanh_parts(u)
+        assert_close(out, ref, what=f"BiasGELU's output for x of shape {tuple(x.shape)}",
+                     mistakes={"that is the exact (erf) GELU; this exercise uses the tanh form "
+                               "0.5*u*(1 + tanh(sqrt(2/pi)*(u + 0.044715*u^3)))": F.gelu(u),
+                               "that is gelu(x) + b: add the bias before the GELU": F.gelu(x, approximate="tanh") + bview})
+        dy = _t(out.shape)
+        try:
+            dx, db = _grads(out, (x, b), dy)
+        except CheckFailed as e:
+            raise CheckFailed(f"{e}\n  hint: {WRONG_ORDER}; and db has b's shape (sum over every dimension but 1)") from None
+        require(dx is not None and db is not None, "BiasGELU: the gradient of x or of b is missing (backward returned None).")
+        rx, rb = torch.autograd.grad(ref, (x, b), dy)
+        no_tanh_prime = dy * 0.5 * (1 + t)
+        assert_close(dx, rx, what=f"BiasGELU's gradient for x of shape {tuple(x.shape)}",
+                     mistakes={"the derivative lacks the tanh' term: d/du of 0.5*u*(1 + t) is 0.5*(1 + t) + "
+                               "0.5*u*(1 - t^2)*sqrt(2/pi)*(1 + 3*0.044715*u^2)": no_tanh_prime,
+                               "that is the derivative of the erf GELU; differentiate the tanh form":
+                               torch.autograd.grad(F.gelu(u), x, dy, retain_graph=True)[0]})
+        dims = [d for d in range(x.dim()) if d != 1]
+        assert_close(db, rb, what="BiasGELU's gradient for b",
+                     mistakes={"db must be summed over the batch too: every dimension but 1":
+                               rx[0].reshape(b.shape[0], -1).sum(1),
+                               "db is dy summed, without the GELU's derivative: sum dx, not dy": dy.sum(dim=dims)})
+    x = _t((2, 3, 2), True)
+    b = _t((3,), True)
+    require(torch.autograd.gradcheck(BiasGELU.apply, (x, b), raise_exception=False),
+            "torch.autograd.gradcheck disagrees with your backward in float64.")
+    dy = _t((2, 3, 2))
+    dx = torch.autograd.grad(BiasGELU.apply(x, b), x, dy)[0]
+    xs = x.detach().clone()
+    _gradient_check(dx, lambda: (BiasGELU.apply(xs, b.detach()) * dy).sum(), xs, "dL/dx", tol=1e-5, h=1e-5)
+    return "3 random shapes, gradcheck and chapter 00's gradient check in float64"

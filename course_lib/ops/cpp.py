@@ -139,3 +139,22 @@ class BiasReLUCpp(torch.autograd.Function):
 
 def bias_relu_cpp(x, b):
     return BiasReLUCpp.apply(x, b)
+
+
+_inline = {}
+
+
+def build_inline(name, source, functions, verbose=False):
+    """Compile C++ `source` into a module called `name` exposing `functions`, and return it.
+
+    The first build of a source takes half a minute or more; the compiled module stays in the
+    extensions folder, so a later call with the same name and the same source, in this process or
+    another, loads it at once. Keep `name` fixed while you edit: a changed source rebuilds under it.
+    """
+    key = (name, source, tuple(functions))
+    if key not in _inline:
+        from torch.utils.cpp_extension import load_inline
+
+        _inline[key] = load_inline(name=name, cpp_sources=[source], functions=list(functions),
+                                   extra_cflags=["-O2"], verbose=verbose)
+    return _inline[key]
