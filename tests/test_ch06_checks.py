@@ -331,3 +331,85 @@ def matmul_serial(out, a, b):
                                          (matmul_serial, "parallel=True")])
 def test_matmul_rejects(wrong, hint):
     expect_failure(check.matmul, wrong, match=hint)
+
+
+# ---- fixed adversarial cases (drawn on every run) ---------------------------------------------
+
+@njit(cache=True)
+def softplus_patched_overflow(x, out):
+    """Patches only the overflow: log(1 + exp(x)) is 0 below about -37, where softplus is exp(x)."""
+    for i in range(x.size):
+        out[i] = x[i] if x[i] > 709.0 else np.log(1.0 + np.exp(x[i]))
+
+
+@njit(cache=True)
+def softplus_log_not_log1p(x, out):
+    for i in range(x.size):
+        out[i] = max(x[i], 0.0) + np.log(1.0 + np.exp(-abs(x[i])))
+
+
+@njit(cache=True)
+def softplus_cut_off_at_20(x, out):
+    for i in range(x.size):
+        out[i] = x[i] if x[i] > 20.0 else np.log1p(np.exp(x[i]))
+
+
+@pytest.mark.parametrize("wrong, hint", [(softplus_patched_overflow, "below about -37"),
+                                         (softplus_log_not_log1p, "below about -37"),
+                                         (softplus_cut_off_at_20, "x > 20")])
+def test_softplus_rejects_every_branch(wrong, hint):
+    expect_failure(check.softplus, wrong, match=hint)
+
+
+@njit(cache=True)
+def broadcast_position_left_aligned(ordinal, out_shape, shape, strides):
+    """Pairs operand dim d with output dim d: numpy aligns on the RIGHT."""
+    ordinal = np.int64(ordinal)
+    pos = 0
+    for d in range(len(out_shape) - 1, -1, -1):
+        index = ordinal % out_shape[d]
+        ordinal //= out_shape[d]
+        if d < len(shape) and shape[d] != 1:
+            pos += index * strides[d]
+    return pos
+
+
+@njit(parallel=True, cache=True)
+def zip_left_aligned(fn, out, out_shape, out_strides, a, a_shape, a_strides, b, b_shape, b_strides):
+    size = 1
+    for n in out_shape:
+        size *= n
+    for i in prange(size):
+        out[position(i, out_shape, out_strides, 0)] = fn(
+            a[broadcast_position_left_aligned(i, out_shape, a_shape, a_strides)],
+            b[broadcast_position_left_aligned(i, out_shape, b_shape, b_strides)])
+
+
+def test_strided_zip_rejects_left_alignment():
+    expect_failure(check.strided_zip, zip_left_aligned, match="align the shapes on the right")
+
+
+@njit(parallel=True, cache=True)
+def matmul_prange_over_k(out, a, b):
+    """The race: prange over the reduction dim, so threads add into the same out[i, j]."""
+    n, k = a.shape
+    m = b.shape[1]
+    for i in range(n):
+        for j in range(m):
+            out[i, j] = 0.0
+        for kk in prange(k):
+            aik = a[i, kk]
+            for j in range(m):
+                out[i, j] += aik * b[kk, j]
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="a race needs at least 2 threads")
+def test_matmul_rejects_a_race():
+    """Up to 4 tries, as for the sum: when the race shows, the check must name it; never a pass."""
+    for _ in range(4):
+        try:
+            check.matmul(matmul_prange_over_k)
+        except check.CheckFailed as e:
+            assert "race" in str(e), f"the failure message lacks 'race':\n{e}"
+            return
+    pytest.skip("the race never lost an update in 4 tries on this machine (the threads did not overlap)")

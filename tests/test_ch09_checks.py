@@ -8,7 +8,7 @@ from course_lib.checks import ch09 as check
 from course_lib.infer.ir import Node
 from course_lib.infer.ops.linalg import gemm, softmax
 from course_lib.infer.ops.shape import reshape
-from course_lib.infer.passes import fold_constants, fuse_matmul_add, run_node
+from course_lib.infer.passes import fuse_matmul_add, run_node
 from course_lib.infer.schedule import topological_order
 
 
@@ -91,6 +91,23 @@ def test_reshape():
     expect_failure(check.reshape, ignores_allowzero, match="allowzero")
 
 
+def fold_constants(graph):
+    """The reference of solutions/09: an initializer shadowed by a graph input is not a constant.
+    (course_lib.infer.passes.fold_constants need not care: `load` never makes such a graph.)"""
+    g = graph.copy()
+    fed = {v.name for v in g.inputs}
+    kept = []
+    for node in g.nodes:
+        if all(i == "" or (i in g.initializers and i not in fed) for i in node.inputs):
+            for name, value in zip(node.outputs, run_node(g, node, g.initializers)):
+                if name:
+                    g.initializers[name] = value
+        else:
+            kept.append(node)
+    g.nodes = kept
+    return g
+
+
 def _fold_any_constant(graph):
     """Wrong: folds a node when ANY input is constant (evaluates nodes that read the graph input)."""
     g = graph.copy()
@@ -112,8 +129,9 @@ def test_fold_constants():
     def one_sweep_in_reverse(graph):  # misses chains: a folded output does not make its reader foldable
         g = graph.copy()
         kept = []
+        fed = {v.name for v in g.inputs}
         for node in reversed(g.nodes):
-            if all(i in g.initializers for i in node.inputs):
+            if all(i == "" or (i in g.initializers and i not in fed) for i in node.inputs):
                 for name, v in zip(node.outputs, run_node(g, node, g.initializers)):
                     g.initializers[name] = v
             else:
@@ -173,3 +191,112 @@ def test_untouched_stub_fails(name):
     def stub(*args, **kwargs):
         raise NotImplementedError
     expect_failure(getattr(check, name), stub, match="not implemented")
+
+
+# ---- fixed adversarial cases (drawn on every run) ---------------------------------------------
+
+def _kahn(graph, feeds, skip_empty=True, all_outputs=True, feeds_win=True):
+    """An executor with one of three details switchable to its plausible mistake."""
+    env = dict(graph.initializers) if feeds_win else dict(feeds)
+    env.update(feeds if feeds_win else graph.initializers)
+    pending = list(graph.nodes)
+    while pending:
+        ready = [n for n in pending if all((skip_empty and i == "") or i in env for i in n.inputs)]
+        if not ready:
+            raise ValueError("no node can run")
+        for node in ready:
+            outs = run_node(graph, node, env)
+            for name, value in (zip(node.outputs, outs) if all_outputs else [(node.outputs[0], outs[0])]):
+                env[name] = value
+        pending = [n for n in pending if n not in ready]
+    return [env[v.name] for v in graph.outputs]
+
+
+def test_execute_fixed_cases():
+    expect_pass(check.execute, _kahn)
+    # waits for the left-out input "" of Clip, which never comes
+    expect_failure(check.execute, lambda g, f: _kahn(g, f, skip_empty=False), match='named ""')
+    # stores only the first output of Split
+    expect_failure(check.execute, lambda g, f: _kahn(g, f, all_outputs=False), match="Split has two")
+    # lets the initializer 's' override the feed 's'
+    expect_failure(check.execute, lambda g, f: _kahn(g, f, feeds_win=False), match="a feed wins")
+
+
+def test_fold_constants_fixed_cases():
+    # folds a node that reads 'scale', an initializer that the graph input 'scale' overrides
+    def shadowed_is_constant(graph):
+        g = graph.copy()
+        kept = []
+        for node in g.nodes:
+            if all(i == "" or i in g.initializers for i in node.inputs):
+                for name, v in zip(node.outputs, run_node(g, node, g.initializers)):
+                    g.initializers[name] = v
+            else:
+                kept.append(node)
+        g.nodes = kept
+        return g
+    expect_failure(check.fold_constants, shadowed_is_constant, match="only a default")
+
+    def empty_is_not_constant(graph):  # Clip(c1k, "", cap) stays
+        g = graph.copy()
+        fed = {v.name for v in g.inputs}
+        kept = []
+        for node in g.nodes:
+            if all(i in g.initializers and i not in fed for i in node.inputs):
+                for name, v in zip(node.outputs, run_node(g, node, g.initializers)):
+                    g.initializers[name] = v
+            else:
+                kept.append(node)
+        g.nodes = kept
+        return g
+    expect_failure(check.fold_constants, empty_is_not_constant, match="still there")
+
+    def first_output_only(graph):  # Split's second output is lost
+        g = graph.copy()
+        fed = {v.name for v in g.inputs}
+        kept = []
+        for node in g.nodes:
+            if all(i == "" or (i in g.initializers and i not in fed) for i in node.inputs):
+                g.initializers[node.outputs[0]] = run_node(g, node, g.initializers)[0]
+            else:
+                kept.append(node)
+        g.nodes = kept
+        return g
+    expect_failure(check.fold_constants, first_output_only, match="EVERY output")
+
+
+def _fuse(graph, gemm_for_any_rank=False, bias_is_second=False):
+    """The fusion with one of two plausible mistakes switchable on."""
+    from course_lib.infer.passes import value_ranks
+    g = graph.copy()
+    readers, ranks = g.consumers(), value_ranks(g)
+    fused, removed = {}, set()
+    for mm in g.nodes:
+        if mm.op_type != "MatMul" or mm.inputs[1] not in g.initializers:
+            continue
+        W = g.initializers[mm.inputs[1]]
+        users = readers.get(mm.outputs[0], [])
+        if W.ndim != 2 or len(users) != 1 or users[0].op_type != "Add":
+            continue
+        add = users[0]
+        bias = add.inputs[1] if bias_is_second or add.inputs[0] == mm.outputs[0] else add.inputs[0]
+        b = g.initializers.get(bias)
+        if b is None or b.shape not in ((W.shape[1],), (1, W.shape[1])):
+            continue
+        args = ([mm.inputs[0], mm.inputs[1], bias], list(add.outputs), {}, mm.name)
+        if gemm_for_any_rank or ranks.get(mm.inputs[0]) == 2:
+            fused[id(mm)] = Node("Gemm", *args)
+        else:
+            fused[id(mm)] = Node("MatMulAdd", *args, domain="course")
+            g.opsets["course"] = 1
+        removed.add(id(add))
+    g.nodes = [fused.get(id(n), n) for n in g.nodes if id(n) not in removed]
+    return g
+
+
+def test_fuse_matmul_add_fixed_cases():
+    expect_pass(check.fuse_matmul_add, _fuse)
+    # the former reference: a Gemm on the 3-D activation x3, which ONNX forbids
+    expect_failure(check.fuse_matmul_add, lambda g: _fuse(g, gemm_for_any_rank=True), match="2-D")
+    # takes the Add's second input as the bias, so Add(b4, p4) is never fused
+    expect_failure(check.fuse_matmul_add, lambda g: _fuse(g, bias_is_second=True), match="bias first")

@@ -106,11 +106,18 @@ def _odd_shape(ndim):
 
 # ---- 1. an njit elementwise kernel ----------------------------------------------------------
 
+# Fixed inputs drawn on every run, one group per branch a softplus can take: far beyond exp's
+# overflow (x > 709), large enough that a cut-off "return x" is still wrong (20 < x < 37), near 0,
+# moderately negative (where log(1 + tiny) rounds tiny away) and far negative (a subnormal answer).
+SOFTPLUS_FIXED = np.array([710.0, 750.0, 1e4, 36.5, 30.0, 25.0, 20.5, 3.25, 1e-9, -1e-9, -3.25, -20.5,
+                           -30.0, -45.0, -100.0, -300.0, -700.0, -744.0, -750.0, -1e4])
+
+
 @exercise
 def softplus(softplus):
     """softplus(x, out): out[i] = log(1 + exp(x[i])), stable for large |x|, compiled with @njit."""
     _compiled(softplus, "softplus")
-    x = np.concatenate([rng().uniform(-5, 5, size=997), rng().uniform(-800, 800, size=6), [750.0, -750.0]])
+    x = np.concatenate([SOFTPLUS_FIXED, rng().uniform(-5, 5, size=997), rng().uniform(-800, 800, size=6)])
     x = x[rng().permutation(x.size)]
     out = rng().uniform(-1, 1, size=x.size)
     result = softplus(x, out)
@@ -118,12 +125,20 @@ def softplus(softplus):
             hint="assign out[i] = ... in the loop instead of building a new array.")
     with np.errstate(over="ignore"):
         naive = np.log(1 + np.exp(x))
+        patched = np.where(x > 709, x, np.log(1 + np.exp(np.minimum(x, 709))))
+        cut_off = np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
     assert_close(out, np.logaddexp(0, x), what="out", rtol=1e-12, atol=1e-300, inputs={"x": x},
                  mistakes={"log(1 + exp(x)) overflows for x above about 709: write it as "
                            "max(x, 0) + log1p(exp(-|x|))": naive,
+                           "below about -37 you return 0, where softplus is exp(x), tiny but not 0: "
+                           "log(1 + y) loses a tiny y (1 + y rounds to 1). Use log1p(y), as in "
+                           "max(x, 0) + log1p(exp(-|x|))": patched,
+                           "returning x for x > 20 is off by log1p(exp(-x)), which float64 still sees up to "
+                           "x of about 37: use max(x, 0) + log1p(exp(-|x|)) for every x": cut_off,
                            "you dropped the max(x, 0) term: softplus(x) = max(x, 0) + log1p(exp(-|x|))":
                            np.log1p(np.exp(-np.abs(x)))})
-    return "1,005 values, 8 of them beyond the overflow point of exp"
+    return (f"{x.size:,} values: {SOFTPLUS_FIXED.size} fixed ones in every branch (up to 1e4 and down to "
+            f"-1e4) and random ones")
 
 
 # ---- 2. the strided index helper ------------------------------------------------------------
@@ -198,16 +213,28 @@ def _broadcast_case(kind_a, kind_b, ndim):
     return out_shape, View(shape_a, kind_a), View(shape_b, kind_b)
 
 
+# Drawn on every run: operands of LOWER rank than the output, with sizes that also fit when aligned
+# on the left, so a kernel that pairs operand dim d with output dim d reads the wrong elements
+# instead of failing: (7,) against (7, 7) is the classic, and a (5, 1) inside (3, 5, 7).
+ZIP_FIXED = [("fixed", "permuted", "sliced", ((7, 7), (7, 7), (7,))),
+             ("fixed", "contiguous", "permuted", ((3, 5, 7), (5, 1), (3, 1, 7))),
+             ("fixed", "sliced", "contiguous", ((5, 3, 5), (3, 1), (5,)))]
+
+
 @exercise
 def strided_zip(strided_zip):
     """strided_zip(fn, out, out_shape, out_strides, a, a_shape, a_strides, b, b_shape, b_strides)."""
     _compiled(strided_zip, "strided_zip", parallel=True)
     cases = [("same", "permuted", "sliced", 3), ("broadcast", "contiguous", "contiguous", 2),
              ("broadcast", "permuted", "sliced", 3), ("broadcast", "sliced", "permuted", 4)]
+    cases += ZIP_FIXED
     for what, kind_a, kind_b, ndim in cases:
         if what == "same":
             out_shape = _odd_shape(ndim)
             a, b = View(out_shape, kind_a), View(out_shape, kind_b)
+        elif what == "fixed":
+            out_shape, shape_a, shape_b = ndim
+            a, b = View(shape_a, kind_a), View(shape_b, kind_b)
         else:
             out_shape, a, b = _broadcast_case(kind_a, kind_b, ndim)
         out = View(out_shape, "contiguous")
@@ -224,7 +251,8 @@ def strided_zip(strided_zip):
                      hint=None if what == "same" else
                      "broadcasting: align the shapes on the right; a dim of size 1, or a dim a shape lacks, "
                      "always reads index 0 (it adds nothing to the position).")
-    return f"{len(cases)} random cases: strided views of one shape, and broadcast shapes"
+    return (f"{len(cases) - len(ZIP_FIXED)} random cases (strided views of one shape, broadcast shapes) "
+            f"and {len(ZIP_FIXED)} fixed ones where operands of lower rank must align on the right")
 
 
 # ---- 5. reduce along a dimension ------------------------------------------------------------
@@ -287,14 +315,23 @@ def sum_dim(sum_dim, sum_kernel):
 def matmul(matmul):
     """matmul(out, a, b) writes a @ b into out (whatever out held before), for 2-D arrays."""
     _compiled(matmul, "matmul", parallel=True)
-    for n, k, m in [(37, 53, 29), (1, 17, 5), (64, 31, 65)]:
+    # A race (prange over the reduction dim k: threads add into the same out[i, j]) loses updates
+    # only when two threads overlap, so every product runs 3 times, on every thread, and one case
+    # has a long k and a short row, where the threads collide on almost every update.
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    repeats = 3
+    for n, k, m in [(37, 53, 29), (1, 17, 5), (64, 31, 65), (3, 20_001, 5)]:
         a = rng().uniform(-1, 1, size=(n, k))
         b = rng().uniform(-1, 1, size=(m, k)).T  # a transposed (strided) operand
-        out = rng().uniform(-1, 1, size=(n, m))
-        garbage = out.copy()
-        matmul(out, a, b)
-        assert_close(out, a @ b, what=f"out for a {n}x{k} times a {k}x{m}", rtol=1e-10, atol=1e-10,
-                     inputs={"a": a, "b": b},
-                     mistakes={"out was not zero when you started accumulating: set out to 0 first":
-                               garbage + a @ b})
-    return "3 random odd sizes, one operand transposed"
+        for run in range(repeats):
+            out = rng().uniform(-1, 1, size=(n, m))
+            garbage = out.copy()
+            matmul(out, a, b)
+            assert_close(out, a @ b, what=f"out for a {n}x{k} times a {k}x{m} (run {run + 1} of {repeats})",
+                         rtol=1e-10, atol=1e-10, inputs={"a": a, "b": b},
+                         mistakes={"out was not zero when you started accumulating: set out to 0 first":
+                                   garbage + a @ b},
+                         hint=("if the loops are right, look at which one prange splits: over k it is "
+                               if run == 0 else "this product was right on an earlier run: ")
+                         + _RACE.replace("reduced dim", "k dim"))
+    return f"4 random odd sizes, one with a long k, one operand transposed, each run {repeats} times"

@@ -15,7 +15,9 @@ F32 = np.float32
 
 def _ort(graph, feeds):
     """Run one of our Graphs in onnxruntime (the independent oracle)."""
-    sess = ort.InferenceSession(to_onnx(graph).SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: a graph input that shadows an initializer is meant here
+    sess = ort.InferenceSession(to_onnx(graph).SerializeToString(), options, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
 
 
@@ -31,28 +33,39 @@ def _rand(*shape):
 
 
 def _sample_graph():
-    """A small graph with a constant branch, a branch from the input, and two outputs.
+    """The executor's graph. Besides a constant branch and two outputs it holds, on every draw, the
+    cases a simple executor gets wrong: a 3-D activation, an input left out (Clip without its min), a
+    node with two outputs (Split), and a graph input `s` that shadows an initializer of the same name.
 
-    y = relu(x @ W + (b * 2)) ; z = tanh(y) - mean(y)   (names and sizes are random-ish)
+    y = relu(x @ W + b * 2 + s) ; y0, y1 = split(clip(y, max=cap)) ; outputs y0 and tanh(y1) - mean(y0)
     """
     m, k, n = (int(v) for v in rng().integers(3, 8, size=3))
-    W, b = _rand(k, n), _rand(n)
+    W, b, s_default = _rand(k, n), _rand(n), _rand(n)
+    cap = np.array(rng().uniform(0.8, 1.5), F32)
     nodes = [
-        Node("MatMul", ["x", "W"], ["xw"], {}, "matmul"),
+        Node("MatMul", ["x", "W"], ["xw"], {}, "matmul"),             # x is 3-D: (2, m, k)
         Node("Constant", [], ["two"], {"value": np.array(2.0, F32)}, "two"),
         Node("Mul", ["b", "two"], ["b2"], {}, "scale_bias"),
-        Node("Add", ["xw", "b2"], ["pre"], {}, "add_bias"),
+        Node("Add", ["xw", "b2"], ["xb"], {}, "add_bias"),
+        Node("Add", ["xb", "s"], ["pre"], {}, "add_s"),              # s is fed: the feed wins over the initializer
         Node("Relu", ["pre"], ["y"], {}, "relu"),
-        Node("Tanh", ["y"], ["t"], {}, "tanh"),
-        Node("ReduceMean", ["y"], ["mu"], {"keepdims": 1}, "mean"),
+        Node("Clip", ["y", "", "cap"], ["yc"], {}, "clip_max"),       # min left out: ""
+        Node("Split", ["yc"], ["y0", "y1"], {"axis": 0}, "split"),    # two outputs
+        Node("Tanh", ["y1"], ["t"], {}, "tanh"),
+        Node("ReduceMean", ["y0"], ["mu"], {"keepdims": 1}, "mean"),
         Node("Sub", ["t", "mu"], ["z"], {}, "sub"),
     ]
-    g = Graph(nodes, [Value("x", (m, k), np.dtype(F32))], [Value("y", None, np.dtype(F32)), Value("z", None, np.dtype(F32))],
-              {"W": W, "b": b}, {"": 17})
-    x = _rand(m, k)
-    while not ((x @ W + 2 * b) > 0.1).any():   # else y = relu(.) = 0 = z, and the two outputs look alike
-        x = _rand(m, k)
-    return g, {"x": x}
+    g = Graph(nodes, [Value("x", (2, m, k), np.dtype(F32)), Value("s", (n,), np.dtype(F32))],
+              [Value("y0", None, np.dtype(F32)), Value("z", None, np.dtype(F32))],
+              {"W": W, "b": b, "s": s_default, "cap": cap}, {"": 17})
+    x, s = _rand(2, m, k), _rand(n)
+    while not ((x[0] @ W + 2 * b + s) > 0.1).any():   # else y0 = 0 and the two outputs look alike
+        x = _rand(2, m, k)
+    return g, {"x": x, "s": s}
+
+
+_EXECUTE_HINT = ('an input named "" is left out: nothing computes it, so do not wait for it (pass it on; '
+                 'run_node turns it into None); and store every output of a node: Split has two.')
 
 
 @exercise
@@ -60,6 +73,7 @@ def execute(execute):
     """execute(graph, feeds) -> list of the graph's outputs, running nodes in a topological order."""
     g, feeds = _sample_graph()
     expected = _ort(g, feeds)
+    shadowed = _ort(g, {**feeds, "s": g.initializers["s"]})  # what an executor gets when the initializer wins
     for trial in range(3):
         shuffled = g.copy()
         # The sample graph's nodes are in topological order, so trial 0 (reversed) surely is not.
@@ -68,18 +82,30 @@ def execute(execute):
         before = [n.op_type for n in shuffled.nodes]
         try:
             yours = execute(shuffled, dict(feeds))
+        except NotImplementedError:
+            raise
         except KeyError as e:
+            hint = _EXECUTE_HINT if e.args and e.args[0] in ("", "y1") else \
+                "run a node only once every one of its (non-empty) inputs is known."
             raise CheckFailed(f"your executor looked up value {e} before any node had computed it, with the nodes "
-                              f"in this file order: {before}") from None
+                              f"in this file order: {before}\n  hint: {hint}") from None
+        except Exception as e:
+            raise CheckFailed(f"your executor raised {type(e).__name__}: {e}\n  with the nodes in this file order: "
+                              f"{before}\n  hint: {_EXECUTE_HINT}") from None
         require([n.op_type for n in shuffled.nodes] == before, "your executor reordered graph.nodes in place.",
                 hint="build a new list for the schedule; leave the graph as it was.")
         require(isinstance(yours, (list, tuple)) and len(yours) == len(g.outputs),
                 f"execute should return a list of {len(g.outputs)} arrays (one per graph output), got {fmt(yours)}.")
         for i, (v, y) in enumerate(zip(g.outputs, yours)):
             assert_close(y, expected[i], what=f"graph output {v.name!r} (nodes in order {before})", rtol=1e-5,
-                         atol=1e-6, mistakes={"that is the other output: return them in the order of graph.outputs":
-                                              expected[1 - i]})
-    return "an 8-node graph in 3 shuffled orders, against onnxruntime"
+                         atol=1e-6, inputs={"feeds": {k: a.shape for k, a in feeds.items()}},
+                         mistakes={"that is the other output: return them in the order of graph.outputs":
+                                   expected[1 - i],
+                                   "you used the initializer 's' where the feed 's' was given: an initializer "
+                                   "that shares a graph input's name is only a default, and a feed wins "
+                                   "(seed env with the initializers first, then the feeds)": shadowed[i]})
+    return ("an 11-node graph in 3 shuffled orders, against onnxruntime: a 3-D activation, a left-out input, "
+            "a two-output node and a fed input shadowing an initializer")
 
 
 @exercise
@@ -169,21 +195,31 @@ def reshape(reshape):
 
 
 def _constants_graph():
-    """x -> ... with a constant chain (Constant, Mul, Sqrt, Add of two initializers) feeding the input branch."""
+    """A constant chain feeding the input branch. On every draw it holds a left-out input (Clip without
+    its min: still constant), a constant node with two outputs (Split: both must be stored), and a graph
+    input `scale` that shadows an initializer (a node reading it is NOT constant)."""
     m, n = (int(v) for v in rng().integers(3, 8, size=2))
     c1, c2 = _rand(n), rng().uniform(0.5, 2, size=n).astype(F32)
+    c3, scale = _rand(2, n), _rand(n)
+    cap = np.array(rng().uniform(0.5, 1.5), F32)
     nodes = [
         Node("Constant", [], ["k"], {"value": np.array(float(rng().uniform(1.5, 3)), F32)}, "k"),
         Node("Mul", ["c1", "k"], ["c1k"], {}, "c1_times_k"),
+        Node("Clip", ["c1k", "", "cap"], ["c1k_max"], {}, "clip_c1k"),  # min left out: still constant
         Node("Sqrt", ["c2"], ["s"], {}, "sqrt_c2"),
-        Node("Add", ["c1k", "s"], ["shift"], {}, "shift"),
-        Node("Add", ["x", "shift"], ["xs"], {}, "x_plus_shift"),        # depends on the input: keep
-        Node("Mul", ["xs", "s"], ["y"], {}, "times_s"),                  # depends on the input: keep
+        Node("Split", ["c3"], ["c3a", "c3b"], {"axis": 0}, "split_c3"),  # two constant outputs
+        Node("Add", ["c1k_max", "s"], ["shift"], {}, "shift"),
+        Node("Sub", ["shift", "c3b"], ["shift2"], {}, "shift_minus_c3b"),
+        Node("Mul", ["c2", "scale"], ["c2s"], {}, "c2_times_scale"),     # scale is a graph input: keep
+        Node("Add", ["x", "shift2"], ["xs"], {}, "x_plus_shift"),        # depends on the input: keep
+        Node("Mul", ["xs", "c2s"], ["xt"], {}, "times_c2s"),              # depends on the input: keep
+        Node("Add", ["xt", "c3a"], ["y"], {}, "plus_c3a"),                # depends on the input: keep
         Node("Neg", ["c1"], ["unused"], {}, "dead_but_constant"),
     ]
-    g = Graph(nodes, [Value("x", (m, n), np.dtype(F32))], [Value("y", None, np.dtype(F32))], {"c1": c1, "c2": c2},
-              {"": 17})
-    return g, {"x": _rand(m, n)}
+    g = Graph(nodes, [Value("x", (m, n), np.dtype(F32)), Value("scale", (n,), np.dtype(F32))],
+              [Value("y", None, np.dtype(F32))],
+              {"c1": c1, "c2": c2, "c3": c3, "cap": cap, "scale": scale}, {"": 17})
+    return g, {"x": _rand(m, n), "scale": _rand(n)}
 
 
 def _input_dependent(graph):
@@ -215,23 +251,35 @@ def fold_constants(fold_constants):
             hint="work on graph.copy() and return it.")
     kept = {n.name for n in folded.nodes}
     lost = sorted(_input_dependent(g) - kept)
-    require(not lost, f"you folded nodes that depend on the graph input x: {lost}. Their value changes with every "
-            "input, so they must stay nodes.", hint="a node is constant only if ALL its inputs are initializers.")
-    left = sorted(n.name for n in folded.nodes if all(i == "" or i in folded.initializers for i in n.inputs))
+    require(not lost, f"you folded nodes that depend on a graph input: {lost}. Their value changes with every "
+            "input, so they must stay nodes.",
+            hint="a node is constant only if ALL its inputs are initializers (or \"\"), and an initializer that "
+                 "shares its name with a graph input ('scale' here) is only a default that a feed replaces.")
+    fed = {v.name for v in g.inputs}
+    left = sorted(n.name for n in folded.nodes
+                  if all(i == "" or (i in folded.initializers and i not in fed) for i in n.inputs))
     require(not left, f"nodes whose inputs are all constants are still there: {left}.",
-            hint="walk the nodes in order, so a folded output makes its readers foldable in the same sweep.")
-    yours = InferenceSession(folded).run(None, feeds)
+            hint="walk the nodes in order, so a folded output makes its readers foldable in the same sweep; "
+                 "an input named \"\" is left out, which does not stop a node from being constant.")
+    try:
+        yours = InferenceSession(folded).run(None, feeds)
+    except Exception as e:
+        raise CheckFailed(f"the folded graph does not run: {type(e).__name__}: {e}\n  hint: store EVERY output "
+                          "of a folded node as an initializer (Split has two).") from None
     for v, y, e in zip(g.outputs, yours, expected):
         assert_close(y, e, what=f"output {v.name!r} of the folded graph", rtol=1e-5, atol=1e-6)
-    return f"{len(g.nodes)} nodes folded to {len(folded.nodes)}; outputs unchanged"
+    return (f"{len(g.nodes)} nodes folded to {len(folded.nodes)}, with a left-out input, a two-output node "
+            "and a fed input shadowing an initializer; outputs unchanged")
 
 
 def _fusion_graph():
-    """Three MatMul+Add pairs: a fusable one (bias of shape (N,)), one whose product has a second reader,
-    and one whose bias (2, M, N) broadcasts the product up to 3-D (Gemm cannot do that)."""
+    """Four MatMul+Add pairs: a fusable one on a 2-D activation (bias (N,)) -> Gemm; one whose product has
+    a second reader; one whose bias (2, M, N) broadcasts the product up to 3-D (cannot fuse); and, on
+    every draw, one on a 3-D activation x3 with the bias on the LEFT of the Add -> MatMulAdd, since
+    ONNX's Gemm takes a 2-D A only."""
     m, k, n = (int(v) for v in rng().integers(3, 8, size=3))
-    W1, W2, W3 = _rand(k, n), _rand(n, n), _rand(n, n)
-    b1, b2, b3 = _rand(n), _rand(n), _rand(2, m, n)
+    W1, W2, W3, W4 = _rand(k, n), _rand(n, n), _rand(n, n), _rand(k, n)
+    b1, b2, b3, b4 = _rand(n), _rand(n), _rand(2, m, n), _rand(1, n)
     nodes = [
         Node("MatMul", ["x", "W1"], ["p1"], {}, "mm1"),
         Node("Add", ["p1", "b1"], ["h1"], {}, "add1"),            # fusable -> Gemm
@@ -239,17 +287,21 @@ def _fusion_graph():
         Node("Add", ["p2", "b2"], ["h2"], {}, "add2"),            # p2 is read again below: not fusable
         Node("Tanh", ["p2"], ["t2"], {}, "tanh_p2"),
         Node("MatMul", ["h2", "W3"], ["p3"], {}, "mm3"),
-        Node("Add", ["p3", "b3"], ["h3"], {}, "add3"),            # 3-D bias: not fusable into Gemm
+        Node("Add", ["p3", "b3"], ["h3"], {}, "add3"),            # 3-D bias: not fusable
         Node("Add", ["h3", "t2"], ["y"], {}, "out"),
+        Node("MatMul", ["x3", "W4"], ["p4"], {}, "mm4"),          # x3 is 3-D
+        Node("Add", ["b4", "p4"], ["h4"], {}, "add4"),            # bias first -> MatMulAdd
     ]
-    g = Graph(nodes, [Value("x", (m, k), np.dtype(F32))], [Value("y", None, np.dtype(F32))],
-              {"W1": W1, "W2": W2, "W3": W3, "b1": b1, "b2": b2, "b3": b3}, {"": 17})
-    return g, {"x": _rand(m, k)}
+    g = Graph(nodes, [Value("x", (m, k), np.dtype(F32)), Value("x3", (2, m, k), np.dtype(F32))],
+              [Value("y", None, np.dtype(F32)), Value("h4", None, np.dtype(F32))],
+              {"W1": W1, "W2": W2, "W3": W3, "W4": W4, "b1": b1, "b2": b2, "b3": b3, "b4": b4}, {"": 17})
+    return g, {"x": _rand(m, k), "x3": _rand(2, m, k)}
 
 
 @exercise
 def fuse_matmul_add(fuse_matmul_add):
-    """fuse_matmul_add(graph) -> a new graph where MatMul + Add of a constant row bias is one Gemm."""
+    """fuse_matmul_add(graph) -> a new graph where MatMul + Add of a constant row bias is one Gemm (2-D
+    activation) or one MatMulAdd (any other rank)."""
     from course_lib.infer.session import InferenceSession
 
     g, feeds = _fusion_graph()
@@ -260,16 +312,32 @@ def fuse_matmul_add(fuse_matmul_add):
     require([n.name for n in g.nodes] == before, "fuse_matmul_add changed the graph it was given.",
             hint="work on graph.copy() and return it.")
     ops = [n.op_type for n in fused.nodes]
-    require(ops.count("Gemm") >= 1, f"no Gemm in the fused graph (its ops: {ops}): the first MatMul+Add, with a "
-            "bias of shape (N,), should become one Gemm.")
+    gemms = [n for n in fused.nodes if n.op_type == "Gemm"]
+    require(len(gemms) >= 1, f"no Gemm in the fused graph (its ops: {ops}): the first MatMul+Add, on the 2-D "
+            "activation x with a bias of shape (N,), should become one Gemm.")
     try:
         yours = InferenceSession(fused).run(None, feeds)
     except Exception as e:
         raise CheckFailed(f"the fused graph does not run: {type(e).__name__}: {e}\n  hint: a MatMul output read by "
                           "another node too must stay; only fuse when the Add is its only reader.") from None
-    assert_close(yours[0], expected[0], what="the output of the fused graph", rtol=1e-5, atol=1e-5,
-                 hint="only fuse when the bias broadcasts along the rows, shape (N,) or (1, N): Gemm's C may not "
-                      "make the output bigger, and a (2, M, N) bias does.")
-    require(ops.count("Gemm") == 1, f"expected exactly one Gemm (the other two pairs cannot be fused), got ops {ops}.",
+    for i, v in enumerate(g.outputs):
+        assert_close(yours[i], expected[i], what=f"output {v.name!r} of the fused graph", rtol=1e-5, atol=1e-5,
+                     hint="only fuse when the bias broadcasts along the rows, shape (N,) or (1, N): a fused node "
+                          "may not make the output bigger, and a (2, M, N) bias does. The bias is the Add's "
+                          "input that is NOT the product: it may come first.")
+    require(not any(n.inputs and n.inputs[0] == "x3" for n in gemms),
+            f"you made a Gemm of the MatMul+Add on x3, a 3-D activation (its ops: {ops}). ONNX's Gemm takes a 2-D "
+            "A only, and onnxruntime rejects the file.",
+            hint="check the activation's rank with value_ranks(graph): rank 2 gives Gemm, any other rank "
+                 "Node('MatMulAdd', ..., domain='course').")
+    require(len(gemms) == 1, f"expected exactly one Gemm (of the four pairs, only the one on x is a Gemm), got "
+            f"ops {ops}.",
             hint="a MatMul whose output has another reader, or a bias that broadcasts to more dimensions, stays.")
-    return "one pair fused, two that must not be fused left alone; output unchanged"
+    mma = [n for n in fused.nodes if n.op_type == "MatMulAdd"]
+    require(len(mma) == 1 and mma[0].inputs == ["x3", "W4", "b4"] and mma[0].outputs == ["h4"]
+            and mma[0].domain == "course",
+            f"the pair h4 = Add(b4, MatMul(x3, W4)), on a 3-D activation with the bias first, should become "
+            f"Node('MatMulAdd', ['x3', 'W4', 'b4'], ['h4'], domain='course'); your MatMulAdd nodes: {mma or 'none'}.",
+            hint="the bias is the Add's input that is not the product (here it comes first), and the node needs "
+                 "domain='course'.")
+    return "a Gemm on a 2-D activation, a MatMulAdd on a 3-D one (bias first), two pairs left alone; outputs unchanged"
