@@ -155,10 +155,24 @@ def sum_ignoring_keepdim(node, g):
     return [ops.broadcast_like(g, a)]
 
 
+def sum_without_negative_dims(node, g):
+    """Right for dims >= 0, but -1 never equals a position, so negative dims are not put back."""
+    a = node.inputs[0]
+    dim, keepdim = node.attrs["dim"], node.attrs["keepdim"]
+    if not keepdim:
+        dims = range(len(a.shape)) if dim is None else (dim if isinstance(dim, tuple) else (dim,))
+        g = ops.reshape(g, [1 if i in dims else s for i, s in enumerate(a.shape)])
+    return [ops.broadcast_like(g, a)]
+
+
 @pytest.mark.parametrize("wrong", [lambda node, g: [g], sum_ignoring_keepdim,
                                    lambda node, g: [ops.broadcast_like(g * 2.0, node.inputs[0])]])
 def test_sum_gradient_rejects(wrong):
     expect_failure(check.sum_gradient, wrong)
+
+
+def test_sum_gradient_rejects_positive_dims_only():
+    expect_failure(check.sum_gradient, sum_without_negative_dims, match="negative")
 
 
 def gradients_forward_order(y, xs):
@@ -213,9 +227,18 @@ def fold_placeholders_as_zeros(outputs):
     return G.passes.rewrite(outputs, rule)
 
 
-@pytest.mark.parametrize("wrong, hint", [(fold_through_variables, "depend on variable v"),
+def fold_first_input_only(outputs):
+    """Looks at the first input only: right when constants sit on the right (x * 2.0), wrong for 2.0 * x."""
+    def rule(node):
+        if node.inputs and node.op.name != "assign" and node.inputs[0].op.name == "constant":
+            return ops.constant(node.op.compute(node, *[i.attrs.get("value") for i in node.inputs]))
+    return G.passes.rewrite(outputs, rule)
+
+
+@pytest.mark.parametrize("wrong, hint", [(fold_first_input_only, "reads placeholder x1"),
+                                         (fold_through_variables, "variable v"),
                                          (fold_any_constant_input, "reads placeholder x"),
-                                         (fold_placeholders_as_zeros, "depend on placeholder x into constants"),
+                                         (fold_placeholders_as_zeros, "that depend on placeholder x"),
                                          (fold_only_binary, "down to"), (lambda outs: outs, "down to")])
 def test_fold_constants_rejects(wrong, hint):
     expect_failure(check.fold_constants, wrong, match=hint)
@@ -252,8 +275,48 @@ def sig_constants_by_identity(node):
     return (node.op.name, tuple(i.id for i in node.inputs), repr(sorted(node.attrs.items())))
 
 
+def sig_matmul_commutative(node):
+    """Sorts the inputs of matmul too, as if a @ b were b @ a."""
+    if node.op.name in ("placeholder", "variable", "assign"):
+        return None
+    if node.op.name == "constant":
+        return ("c", node.attrs["value"].shape, node.attrs["value"].tobytes())
+    ids = [i.id for i in node.inputs]
+    if node.op.name in ("add", "mul", "matmul"):
+        ids.sort()
+    return (node.op.name, tuple(ids), repr(sorted(node.attrs.items())))
+
+
+def sig_merges_placeholders(node):
+    """Forgets that placeholders are inputs: two of one shape look alike and are merged."""
+    if node.op.name in ("variable", "assign"):
+        return None
+    if node.op.name == "constant":
+        return ("c", node.attrs["value"].shape, node.attrs["value"].tobytes())
+    ids = [i.id for i in node.inputs]
+    if node.op.name in ("add", "mul"):
+        ids.sort()
+    return (node.op.name, tuple(ids), repr(sorted(node.attrs.items())))
+
+
+def sig_merges_variables(node):
+    """Compares variables by their initial value, as if they were constants: two equal ones are merged."""
+    if node.op.name in ("placeholder", "assign"):
+        return None
+    if node.op.name in ("constant", "variable"):
+        value = node.attrs["value" if node.op.name == "constant" else "init"]
+        return (node.op.name, value.shape, value.tobytes())
+    ids = [i.id for i in node.inputs]
+    if node.op.name in ("add", "mul"):
+        ids.sort()
+    return (node.op.name, tuple(ids), repr(sorted(node.attrs.items())))
+
+
 @pytest.mark.parametrize("wrong, hint", [(cse_with(sig_ignoring_attrs), ""), (cse_with(sig_unordered), "differs"),
-                                         (cse_with(sig_constants_by_identity), "down to")])
+                                         (cse_with(sig_constants_by_identity), "down to"),
+                                         (cse_with(sig_matmul_commutative), "differs"),
+                                         (cse_with(sig_merges_placeholders), "no longer reads placeholder x"),
+                                         (cse_with(sig_merges_variables), "no longer reads variable v")])
 def test_cse_rejects(wrong, hint):
     expect_failure(check.eliminate_common_subexpressions, wrong, match=hint)
 

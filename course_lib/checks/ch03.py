@@ -135,13 +135,23 @@ def _vjp(fn_torch, arrays, g):
     return [t.numpy() for t in torch.autograd.grad(out, ts, grad_outputs=torch.tensor(g))]
 
 
-def _check_rule(rule, build, fn_torch, shapes, what, mistakes_of):
+def _negative(dim):
+    return dim is not None and any(d < 0 for d in (dim if isinstance(dim, tuple) else (dim,)))
+
+
+def _check_rule(rule, build, fn_torch, shapes, what, mistakes_of, hint=None):
     for sa, sb in shapes:
         with G.Graph():
             inputs = [G.placeholder(s, name=n) for s, n in zip((sa, sb), "ab") if s is not None]
             node = build(*inputs)
             g = G.placeholder(node.shape, name="g")
-            grads = rule(node, g)
+            try:
+                grads = rule(node, g)
+            except Exception as e:
+                if hint is None:
+                    raise
+                raise CheckFailed(f"your rule raised {type(e).__name__}: {e}, for {what} with shape {sa}."
+                                  f"\n  hint: {hint}") from e
         require(isinstance(grads, (list, tuple)) and len(grads) == len(inputs),
                 f"a gradient rule returns a list with one gradient node per input ({len(inputs)}), got {fmt(grads)}.")
         values = [rng().normal(size=s) for s in (sa, sb) if s is not None]
@@ -153,7 +163,7 @@ def _check_rule(rule, build, fn_torch, shapes, what, mistakes_of):
                     hint="build it from graph ops (g * b, ops.sum_to(...), ...); do not compute numbers here.")
             got = G.Session().run(gn, feed)
             assert_close(got, e, what=f"the gradient for {'ab'[k]} of {what} with shapes {sa} and {sb}",
-                         rtol=1e-10, atol=1e-12, mistakes=mistakes_of(k, values, G_val))
+                         rtol=1e-10, atol=1e-12, mistakes=mistakes_of(k, values, G_val), hint=hint)
     return f"{len(shapes)} shape cases against torch.autograd"
 
 
@@ -188,13 +198,18 @@ def matmul_gradient(matmul_gradient):
 @exercise
 def sum_gradient(sum_gradient):
     n, m, p = (int(v) for v in rng().choice([2, 3, 5, 7], size=3, replace=False))
+    # Random sizes, plus fixed traps drawn on every run: negative dims (-1 is the last), a negative dim
+    # inside a tuple, and a dim that is not the last one.
     cases = [((n, m), 0, False), ((n, m), 1, True), ((n, m, p), (0, 2), False), ((n, m), None, False),
-             ((n, m, p), 1, True)]
+             ((n, m, p), 1, True), ((n, m, p), -1, False), ((n, m, p), (0, -1), False), ((n, m), -2, True),
+             ((n, m, p), -2, False)]
     for shape, dim, keep in cases:
         _check_rule(lambda node, g: sum_gradient(node, g), lambda a: G.reduce_sum(a, dim, keep),
                     lambda a: a.sum(dim=dim, keepdim=keep) if dim is not None else a.sum(),
-                    [(shape, None)], f"sum(a, dim={dim}, keepdim={keep})", lambda k, v, g: {})
-    return f"{len(cases)} reductions against torch.autograd"
+                    [(shape, None)], f"sum(a, dim={dim}, keepdim={keep})", lambda k, v, g: {},
+                    hint="dim may be negative (-1 is the last dimension): turn it into a non-negative index "
+                         "(d % ndim) before you compare it with positions." if _negative(dim) else None)
+    return f"{len(cases)} reductions against torch.autograd, negative dims included"
 
 
 # ---- 6. gradients() -------------------------------------------------------------------------
@@ -249,8 +264,25 @@ def _pass_graph():
     n = G.reduce_sum(G.reshape(x, (1, size)) * G.constant(np.ones((2, 1)) * 0.5), 1)
     d1, d2 = v - x, x - v                            # same inputs, different order: not equal
     y = (a * b + d1 * d2).sum() + (m * m).sum() * (n * n).sum() + (v * (G.constant(2.0) * G.constant(3.0))).sum()
-    bump = G.assign(v, v + 0.5)
-    return x, v, y, bump, size
+    return {x: (size,)}, [v], y, [G.assign(v, v + 0.5)]
+
+
+def _trap_graph():
+    """Fixed traps, on every run: constants on the LEFT of ops that read a placeholder or a variable,
+    two placeholders of one shape, two variables with the same initial value (only one of them will
+    change), and a matmul next to the same matmul with its inputs swapped (a @ b is not b @ a)."""
+    s = int(rng().choice([3, 4, 5]))
+    x1, x2 = G.placeholder((s, s), name="x1"), G.placeholder((s, s), name="x2")
+    init = rng().normal(size=(s, s))
+    v1, v2 = G.variable(init, name="v1"), G.variable(init.copy(), name="v2")
+    c = G.constant(rng().normal(size=(s, s)))
+    k = G.constant(float(rng().uniform(1, 2))) * c   # foldable, constant on the left
+    left = (k * x1 - G.constant(0.5) * v2).sum()     # constants on the left of a placeholder, a variable
+    swapped = ((x1 @ v1) * (v1 @ x1)).sum()          # matmul: not commutative
+    twins = ((x1 - x2) * (v1 - v2 + 1.0)).sum()      # merging x1 with x2, or v1 with v2, changes this
+    dup = ((x2 * v1) * (v1 * x2)).sum()              # mul IS commutative: these two merge
+    y = left + swapped + twins + dup
+    return {x1: (s, s), x2: (s, s)}, [v1, v2], y, [G.assign(v1, v1 + 0.5)]
 
 
 def _readers(outputs, leaf):
@@ -263,38 +295,42 @@ def _readers(outputs, leaf):
 
 
 def _check_pass(your_pass, reference_pass, name, hint, folding=False):
-    for _ in range(3):
+    for build in (_trap_graph, _pass_graph, _pass_graph, _pass_graph):
         with G.Graph():
-            x, v, y, bump, size = _pass_graph()
+            shapes, variables, y, bumps = build()
+        leaves = list(shapes) + variables
+        what_leaves = ", ".join(f"{leaf.op.name} {leaf.name}" for leaf in leaves)
         before = G.count_nodes([y])
         try:
             new = your_pass([y])
         except Exception as e:
-            raise CheckFailed(f"{name} raised {type(e).__name__}: {e}, on a graph whose output reads placeholder "
-                              f"{x.name} and variable {v.name}.\n  hint: {hint}") from e
+            raise CheckFailed(f"{name} raised {type(e).__name__}: {e}, on a graph whose output reads "
+                              f"{what_leaves}.\n  hint: {hint}") from e
         require(isinstance(new, (list, tuple)) and len(new) == 1 and isinstance(new[0], G.Node),
                 f"{name} should return a list with one new output node per output, got {fmt(new)}.")
         reference = reference_pass([y])
         diagnosis = hint
-        for leaf in (x, v):
-            require(leaf in G.topo_order(new), f"the optimized graph no longer reads {leaf.op.name} {leaf.name}: the "
-                    f"nodes that depend on it were replaced by constants, so later runs would ignore its new value.",
-                    hint=hint)
+        for leaf in leaves:
+            fate = "replaced by constants" if folding else "merged into nodes that read something else"
+            require(leaf in G.topo_order(new), f"the optimized graph no longer reads {leaf.op.name} {leaf.name}: "
+                    f"the nodes that depend on it were {fate}, so later runs would ignore its own value.", hint=hint)
             if folding and _readers(new, leaf) < _readers(reference, leaf):
                 diagnosis = (f"your pass turned nodes that depend on {leaf.op.name} {leaf.name} into constants, "
-                             f"but its value changes from run to run: fold only when ALL inputs are constants.")
+                             f"but its value changes from run to run: fold only when ALL inputs are constants "
+                             f"(a constant may be on either side).")
         sess_a, sess_b = G.Session(), G.Session()
         for step in range(2):
-            X = rng().normal(size=(size,))
-            assert_close(sess_b.run(new[0], {x: X}), sess_a.run(y, {x: X}),
-                         what=f"the optimized graph's output (run {step + 1}{', after the variable changed' if step else ''})",
+            feed = {p: rng().normal(size=shape) for p, shape in shapes.items()}
+            assert_close(sess_b.run(new[0], feed), sess_a.run(y, feed),
+                         what=f"the optimized graph's output (run {step + 1}"
+                              f"{', after a variable changed' if step else ''}), on a graph reading {what_leaves}",
                          rtol=1e-12, atol=1e-12, hint=diagnosis)
-            sess_a.run(bump)
-            sess_b.run(bump)
+            sess_a.run(bumps)
+            sess_b.run(bumps)
         expected = G.count_nodes(reference)
         got = G.count_nodes(new)
         require(got <= expected, f"{name} left {got} nodes; it can get the graph from {before} down to {expected}.")
-    return "3 random graphs, re-run after a variable changed"
+    return "a fixed graph of traps and 3 random graphs, re-run after a variable changed"
 
 
 @exercise
@@ -308,7 +344,9 @@ def fold_constants(fold_constants):
 def eliminate_common_subexpressions(eliminate_common_subexpressions):
     return _check_pass(eliminate_common_subexpressions, G.eliminate_common_subexpressions, "CSE",
                        "two nodes are the same only with the same op, the same inputs in the same order "
-                       "(except for add and mul), and the same attributes (sum over dim 0 is not sum over dim 1).")
+                       "(except for add and mul: a @ b is not b @ a), and the same attributes (sum over dim 0 is "
+                       "not sum over dim 1). Placeholders and variables are never merged, even when they look "
+                       "alike: each has its own value.")
 
 
 # ---- 9. training ----------------------------------------------------------------------------
