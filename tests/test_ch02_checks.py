@@ -1,52 +1,124 @@
 """Chapter 02's checks pass on the reference and reject the usual mistakes."""
 
+import operator
+
 import numpy as np
-import pytest
 
 import course_lib.tensor as ct
 from checking import expect_failure
 from course_lib.checks import ch02 as check
-from course_lib.tensor import nn, optim
+from course_lib.tensor import nn
+from course_lib.tensor.autodiff import Function
+from course_lib.tensor.functions import unbroadcast
+from course_lib.tensor.tensor_data import TensorData, index_to_position, to_index
 
 
 # ------------------------------------------------------------------ references
-
-def strides(shape):
-    out, step = [], 1
-    for n in reversed(shape):
-        out.append(step)
-        step *= n
-    return tuple(reversed(out))
-
-
-def position(index, strides, offset=0):
-    return offset + sum(i * s for i, s in zip(index, strides))
-
 
 def broadcast(a, b):
     return tuple(np.broadcast_shapes(a, b))
 
 
-def sum_to(g, shape):
-    while g.ndim > len(shape):
-        g = g.sum(0)
-    return g.sum(axis=tuple(i for i, n in enumerate(shape) if n == 1), keepdims=True)
+def input_index(out_index, shape, right_aligned=True):
+    extra = len(out_index) - len(shape) if right_aligned else 0
+    return [0 if n == 1 else out_index[extra + d] for d, n in enumerate(shape)]
 
 
-def mul_bw(a, b, g):
-    return sum_to(g * b, a.shape), sum_to(g * a, b.shape)
+def zip_(f, a, b, right_aligned=True, offsets=True, strided=True, swap=False, dtype=None):
+    shape = broadcast(a.shape, b.shape)
+    out = TensorData.zeros(shape, dtype or np.result_type(a.dtype, b.dtype))
+    index = [0] * len(shape)
+    for ordinal in range(out.size):
+        to_index(ordinal, shape, index)
+        vals = []
+        for t in (a, b):
+            i = input_index(index, t.shape, right_aligned)
+            strides = t.strides if strided else TensorData.zeros(t.shape).strides
+            vals.append(t.storage[index_to_position(i, strides, t.offset if offsets else 0)])
+        out.storage[ordinal] = f(vals[1], vals[0]) if swap else f(vals[0], vals[1])
+    return out
+
+
+def reduce_(f, start, a, dim, keepdim=True, use_start=True, reverse=False, wrong_dim=False, strided=True):
+    if wrong_dim:
+        dim = (dim + 1) % a.dims
+    shape = a.shape[:dim] + (1,) + a.shape[dim + 1:]
+    out = TensorData.zeros(shape, a.dtype)
+    index = [0] * a.dims
+    strides = a.strides if strided else TensorData.zeros(a.shape).strides
+    for ordinal in range(out.size):
+        to_index(ordinal, shape, index)
+        ks = list(range(a.shape[dim]))[::-1] if reverse else range(a.shape[dim])
+        acc = start if use_start else None
+        for k in ks:
+            index[dim] = k
+            x = a.storage[index_to_position(index, strides, a.offset)]
+            acc = x if acc is None else f(acc, x)
+        out.storage[ordinal] = acc
+    if not keepdim:
+        return out.view(a.shape[:dim] + a.shape[dim + 1:])
+    return out
+
+
+def make_mul(unbroadcast_grads=True, swap=False, returns_tensor=False):
+    class Mul(Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            out = zip_(operator.mul, a.data, b.data)
+            return ct.Tensor(out) if returns_tensor else out
+
+        @staticmethod
+        def backward(ctx, grad):
+            a, b = ctx.saved_tensors
+            ga, gb = (grad * a, grad * b) if swap else (grad * b, grad * a)
+            if not unbroadcast_grads:
+                return ga, gb
+            return unbroadcast(ga, a.shape), unbroadcast(gb, b.shape)
+    return Mul
+
+
+def make_sum(expand=True, mean=False, wrong_dim=False):
+    class Sum(Function):
+        @staticmethod
+        def forward(ctx, a, dim):
+            ctx.shape = a.shape
+            return reduce_(operator.add, 0.0, a.data, dim, wrong_dim=wrong_dim)
+
+        @staticmethod
+        def backward(ctx, grad):
+            g = grad.expand(ctx.shape) if expand else grad
+            return g / float(ctx.shape[0]) if mean else g
+    return Sum
+
+
+Mul, Sum = make_mul(), make_sum()
+
+
+def make_tensor(mul=Mul, sum_fn=Sum, lift=True, reshape=True, all_dims=True, negative=True):
+    class Tensor(ct.Tensor):
+        def __mul__(self, other):
+            return mul.apply(self, self._lift(other) if lift else other)
+
+        def __rmul__(self, other):
+            return mul.apply(self._lift(other), self)
+
+        def sum(self, dim=None, keepdim=False):
+            if dim is None:
+                dims = range(self.ndim) if all_dims else [0]
+            else:
+                dims = [dim % self.ndim if negative else dim]
+            out = self
+            for d in dims:
+                out = sum_fn.apply(out, dim=d)
+            if not keepdim and reshape:
+                out = out.reshape(tuple(n for d, n in enumerate(self.shape) if d not in dims))
+            return out
+    return Tensor
 
 
 def matmul_bw(a, b, g):
     return g @ np.swapaxes(b, -1, -2), np.swapaxes(a, -1, -2) @ g
-
-
-def sum_bw(g, shape, dim, keepdim):
-    return np.broadcast_to(g if keepdim else np.expand_dims(g, dim), shape).copy()
-
-
-def mean_bw(g, shape, dim, keepdim):
-    return sum_bw(g, shape, dim, keepdim) / shape[dim]
 
 
 def log_softmax(x):
@@ -83,36 +155,18 @@ def adam(p, g, m, v, t, lr, b1, b2, eps, correct=True):
     return p - lr * mh / (np.sqrt(vh) + eps), m, v
 
 
-def train_epoch(model, loader, opt, zero=True, step=True):
-    losses = []
-    for x, y in loader:
-        loss = ct.cross_entropy(model(x), y)
-        if zero:
-            opt.zero_grad()
-        loss.backward()
-        if step:
-            opt.step()
-        losses.append(loss.item())
-    return float(np.mean(losses))
-
-
 def test_reference_passes(capsys):
-    check.strides(strides, position)
     check.broadcast_shape(broadcast)
-    check.mul_backward(mul_bw)
+    check.strided_zip(zip_)
+    check.strided_reduce(reduce_)
+    check.mul_function(Mul)
+    check.sum_function(Sum)
+    check.tensor_methods(make_tensor())
     check.matmul_backward(matmul_bw)
-    check.sum_mean_backward(sum_bw, mean_bw)
     check.softmax_cross_entropy(log_softmax, ce)
     check.linear(Linear)
     check.optimizer_steps(sgd, adam)
-    check.training_loop(train_epoch)
-    assert capsys.readouterr().out.count("passed") == 9
-
-
-def test_strides_rejects():
-    expect_failure(check.strides, lambda s: tuple(reversed(strides(s))), position, match="reversed")
-    expect_failure(check.strides, strides, lambda i, s, o=0: position(i, s), match="offset")
-    expect_failure(check.strides, lambda s: None, position, match="return")
+    assert capsys.readouterr().out.count("passed") == 10
 
 
 def test_broadcast_shape_rejects():
@@ -128,11 +182,43 @@ def test_broadcast_shape_rejects():
     expect_failure(check.broadcast_shape, never_raises, match="do not broadcast")
 
 
-def test_mul_backward_rejects():
-    expect_failure(check.mul_backward, lambda a, b, g: (g * b, g * a), match="summed back")
-    expect_failure(check.mul_backward, lambda a, b, g: (sum_to(g * a, a.shape), sum_to(g * b, b.shape)),
-                   match="OTHER operand")
-    expect_failure(check.mul_backward, lambda a, b, g: sum_to(g * b, a.shape))
+def test_strided_zip_rejects():
+    # broadcasting aligned on the left instead of the right: the wrong element, or out of range
+    expect_failure(check.strided_zip, lambda f, a, b: zip_(f, a, b, right_aligned=False))
+    expect_failure(check.strided_zip, lambda f, a, b: zip_(f, a, b, offsets=False), match="offset")
+    expect_failure(check.strided_zip, lambda f, a, b: zip_(f, a, b, strided=False))
+    expect_failure(check.strided_zip, lambda f, a, b: zip_(f, a, b, swap=True), match="swapped")
+    expect_failure(check.strided_zip, lambda f, a, b: zip_(f, a, b, dtype=np.float64), match="dtype")
+
+
+def test_strided_reduce_rejects():
+    expect_failure(check.strided_reduce, lambda f, s, a, d: reduce_(f, s, a, d, keepdim=False), match="keepdim")
+    expect_failure(check.strided_reduce, lambda f, s, a, d: reduce_(f, s, a, d, wrong_dim=True))
+    expect_failure(check.strided_reduce, lambda f, s, a, d: reduce_(f, s, a, d, reverse=True), match="in order")
+    expect_failure(check.strided_reduce, lambda f, s, a, d: reduce_(f, s, a, d, use_start=False), match="start")
+    expect_failure(check.strided_reduce, lambda f, s, a, d: reduce_(f, s, a, d, strided=False))
+
+
+def test_mul_function_rejects():
+    expect_failure(check.mul_function, make_mul(unbroadcast_grads=False), match="sum it back")
+    expect_failure(check.mul_function, make_mul(swap=True), match="OTHER operand")
+    expect_failure(check.mul_function, make_mul(returns_tensor=True), match="raw TensorData")
+
+
+def test_sum_function_rejects():
+    expect_failure(check.sum_function, make_sum(expand=False))
+    expect_failure(check.sum_function, make_sum(mean=True))
+    expect_failure(check.sum_function, make_sum(wrong_dim=True))
+
+
+def test_tensor_methods_rejects():
+    expect_failure(check.tensor_methods, make_tensor(reshape=False), match="shape")
+    expect_failure(check.tensor_methods, make_tensor(all_dims=False), match="dim=None")
+    expect_failure(check.tensor_methods, make_tensor(lift=False))
+    expect_failure(check.tensor_methods, make_tensor(negative=False))
+    from course_lib.tensor import functions as F
+    expect_failure(check.tensor_methods, make_tensor(mul=F.Mul), match="your Mul")
+    expect_failure(check.tensor_methods, make_tensor(mul=make_mul(swap=True)))
 
 
 def test_matmul_backward_rejects():
@@ -140,13 +226,6 @@ def test_matmul_backward_rejects():
                    match="missing transpose")
     expect_failure(check.matmul_backward, lambda a, b, g: (np.swapaxes(b, -1, -2) @ g, g @ np.swapaxes(a, -1, -2)))
     expect_failure(check.matmul_backward, lambda a, b, g: (g @ b.T, a.T @ g))  # .T breaks the batched case
-
-
-def test_sum_mean_backward_rejects():
-    expect_failure(check.sum_mean_backward, sum_bw, sum_bw, match="grad / n")
-    expect_failure(check.sum_mean_backward, sum_bw, lambda g, s, d, k: sum_bw(g, s, d, k) / np.prod(s),
-                   match="reduced dim only")
-    expect_failure(check.sum_mean_backward, lambda g, s, d, k: np.broadcast_to(g, s), mean_bw)
 
 
 def test_softmax_cross_entropy_rejects():
@@ -178,16 +257,42 @@ def test_linear_rejects():
             super().__init__(i, o)
             self.weight = nn.Parameter(ct.generator().standard_normal((o, i)), dtype=np.float32)
 
-    expect_failure(check.linear, NormalInit, match="uniform")
+    expect_failure(check.linear, NormalInit, match="sqrt(in)")
+
+    class ZeroBias(Linear):
+        def __init__(self, i, o):
+            super().__init__(i, o)
+            self.bias = nn.Parameter(np.zeros(o), dtype=np.float32)
+
+    expect_failure(check.linear, ZeroBias, match="all zeros")
+
+    class HalfUniform(Linear):
+        def __init__(self, i, o):
+            super().__init__(i, o)
+            b = 1 / np.sqrt(i)
+            self.weight = nn.Parameter(ct.generator().uniform(0, b, (o, i)), dtype=np.float32)
+
+    expect_failure(check.linear, HalfUniform, match="negative")
+
+    class WrongBound(Linear):
+        def __init__(self, i, o):
+            super().__init__(i, o)
+            b = 1 / np.sqrt(o)
+            self.weight = nn.Parameter(ct.generator().uniform(-b, b, (o, i)), dtype=np.float32)
+            self.bias = nn.Parameter(ct.generator().uniform(-b, b, (o,)), dtype=np.float32)
+
+    expect_failure(check.linear, WrongBound, match="sqrt(in)")
+
+    class SmallBias(Linear):
+        def __init__(self, i, o):
+            super().__init__(i, o)
+            b = 1 / i
+            self.bias = nn.Parameter(ct.generator().uniform(-b, b, (o,)), dtype=np.float32)
+
+    expect_failure(check.linear, SmallBias, match="bias")
 
 
 def test_optimizer_steps_rejects():
     expect_failure(check.optimizer_steps, lambda p, g, v, lr, m: (p - lr * g, v), adam, match="velocity")
     expect_failure(check.optimizer_steps, sgd, lambda *a: adam(*a, correct=False), match="bias correction")
     expect_failure(check.optimizer_steps, lambda p, g, v, lr, m: (p - lr * (m * v + g), v), adam)
-
-
-def test_training_loop_rejects():
-    expect_failure(check.training_loop, lambda m, l, o: train_epoch(m, l, o, zero=False), match="zero_grad")
-    expect_failure(check.training_loop, lambda m, l, o: train_epoch(m, l, o, step=False), match="opt.step")
-    expect_failure(check.training_loop, lambda m, l, o: train_epoch(m, l, o) * 2, match="mean batch loss")
