@@ -40,7 +40,8 @@ def reference_numerical_gradient(f, x, h=1e-5):
     return grad
 
 
-def _relative_error(a, b):
+def relative_error(a, b):
+    """The worst elementwise relative error between a and b, scaled by |a| + |b|."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return float(np.max(np.abs(a - b) / np.maximum(np.abs(a) + np.abs(b), 1e-12)))
 
@@ -49,7 +50,7 @@ def reference_gradient_check(f, grad_f, x, h=1e-5):
     """The worst relative error max_i |g_i - n_i| / max(|g_i| + |n_i|, 1e-12) between the analytic
     gradient g = grad_f(x) and the numerical one n: about 1e-8 or less when g is right, near 1 when not."""
     x = np.array(x, dtype=np.float64)
-    return _relative_error(grad_f(x), reference_numerical_gradient(f, x, h))
+    return relative_error(grad_f(x), reference_numerical_gradient(f, x, h))
 
 
 # ---- the checks ----------------------------------------------------------------------------
@@ -169,7 +170,7 @@ def gradient_check(gradient_check, numerical_gradient):
                         ("a gradient with the wrong sign", lambda x: -true_grad(x)),
                         ("a gradient scaled by 3", lambda x: 3 * true_grad(x))]:
         yours = gradient_check(f, buggy, x)
-        expected = _relative_error(buggy(x), true_grad(x))
+        expected = relative_error(buggy(x), true_grad(x))
         g, n = buggy(x), true_grad(x)
         assert_close(yours, expected, what=f"the relative error for {name}", rtol=1e-4, atol=1e-9,
                      mistakes={"that is the mean over elements; report the max (the worst element)":
@@ -180,9 +181,9 @@ def gradient_check(gradient_check, numerical_gradient):
     # A correct gradient with a wide step h, drawn on every run: the numerical gradient's own
     # error now shows, so an h that is not passed on to numerical_gradient gets caught.
     yours = gradient_check(f, true_grad, x, WIDE_H)
-    expected = _relative_error(true_grad(x), numerical_gradient(f, x.copy(), WIDE_H))
+    expected = relative_error(true_grad(x), numerical_gradient(f, x.copy(), WIDE_H))
     assert_close(yours, expected, what=f"the relative error of a correct gradient with h = {WIDE_H}",
                  rtol=1e-6, atol=1e-12,
                  mistakes={"your gradient_check ignores its argument h: pass it on to numerical_gradient":
-                           _relative_error(true_grad(x), numerical_gradient(f, x.copy()))})
+                           relative_error(true_grad(x), numerical_gradient(f, x.copy()))})
     return "a correct gradient, 3 planted bugs and a wide step h"
