@@ -57,6 +57,39 @@ def top_k_probs(logits, k, temperature):
     return torch.softmax(logits.masked_fill(logits < kth, float("-inf")) / temperature, dim=-1)
 
 
+def gpt_forward(model, idx, positions=True, offset=0, final_norm=True, head_first=False):
+    tr = model.transformer
+    x = tr.wte(idx)
+    if positions:
+        x = x + tr.wpe(torch.arange(offset, offset + idx.size(1)))
+    for block in tr.h:
+        x = block(x)
+    if head_first:
+        return tr.ln_f(model.lm_head(x))
+    return model.lm_head(tr.ln_f(x) if final_norm else x)
+
+
+def decode_step(model, token, cache, append=True, causal=False, advance=True):
+    tr = model.transformer
+    pos = 0 if cache[0] is None or not advance else cache[0][0].size(2)
+    x = tr.wte(token) + tr.wpe(torch.tensor([pos]))
+    for layer, block in enumerate(tr.h):
+        attn = block.attn
+        q, k, v = attn.c_attn(block.ln_1(x)).split(x.size(-1), dim=2)
+        q, k, v = (split_heads(t, attn.n_head) for t in (q, k, v))
+        if cache[layer] is not None and append:
+            k = torch.cat([cache[layer][0], k], dim=2)
+            v = torch.cat([cache[layer][1], v], dim=2)
+        cache[layer] = (k, v)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(k.size(-1))
+        if causal:      # the mask of a full forward, built for 1 query: only key 0 survives
+            Tq, Tk = q.size(-2), k.size(-2)
+            scores = scores.masked_fill(torch.ones(Tq, Tk).tril() == 0, float("-inf"))
+        x = x + attn.c_proj(merge_heads(torch.softmax(scores, dim=-1) @ v))
+        x = x + block.mlp(block.ln_2(x))
+    return model.lm_head(tr.ln_f(x))[:, -1]
+
+
 def train_step(model, optimizer, x, y, grad_clip):
     _, loss = model(x, y)
     optimizer.zero_grad()
@@ -74,7 +107,9 @@ def test_references_pass(capsys):
     check.block_forward(block_forward)
     check.top_k_probs(top_k_probs)
     check.train_step(train_step)
-    assert capsys.readouterr().out.count("passed") == 7
+    check.gpt_forward(gpt_forward)
+    check.decode_step(decode_step)
+    assert capsys.readouterr().out.count("passed") == 9
 
 
 def test_stubs_are_not_implemented():
@@ -82,7 +117,7 @@ def test_stubs_are_not_implemented():
         raise NotImplementedError
     for c, n in [(check.char_tokenizer, 1), (check.bpe_merge_step, 1), (check.attention_head, 1),
                  (check.split_merge_heads, 2), (check.block_forward, 1), (check.top_k_probs, 1),
-                 (check.train_step, 1)]:
+                 (check.train_step, 1), (check.gpt_forward, 1), (check.decode_step, 1)]:
         expect_failure(c, *[stub] * n, match="not implemented yet")
 
 
@@ -135,8 +170,18 @@ def right_to_left(ids, new_id):
     return pair, merge(ids[::-1], pair[::-1], new_id)[::-1]
 
 
+def even_only(ids, new_id):
+    pair, _ = bpe_merge_step(ids, new_id)
+    out = []
+    for i in range(0, len(ids), 2):            # looks at (0, 1), (2, 3), ... only
+        chunk = ids[i:i + 2]
+        out += [new_id] if tuple(chunk) == pair else chunk
+    return pair, out
+
+
 @pytest.mark.parametrize("wrong, hint", [(no_skip, "step past both"), (last_tie, "on a tie"),
-                                         (right_to_left, "left to right")])
+                                         (right_to_left, "left to right"),
+                                         (even_only, "even positions")])
 def test_bpe_merge_step_rejects(wrong, hint):
     expect_failure(check.bpe_merge_step, wrong, match=hint)
 
@@ -228,3 +273,37 @@ def returns_tensor(model, optimizer, x, y, grad_clip):
                                          (returns_tensor, "Python float")])
 def test_train_step_rejects(wrong, hint):
     expect_failure(check.train_step, wrong, match=hint)
+
+
+@pytest.mark.parametrize("kw, hint", [(dict(positions=False), "position embeddings are missing"),
+                                      (dict(final_norm=False), "final LayerNorm is missing"),
+                                      (dict(head_first=True), "apply it before the LM head"),
+                                      (dict(offset=1), "off by one")])
+def test_gpt_forward_rejects(kw, hint):
+    expect_failure(check.gpt_forward, lambda model, idx: gpt_forward(model, idx, **kw), match=hint)
+
+
+def test_gpt_forward_rejects_calling_the_model():
+    expect_failure(check.gpt_forward, lambda model, idx: model(idx)[0], match="your code called model(idx)")
+
+
+@pytest.mark.parametrize("kw, hint", [(dict(append=False), "append this step's k and v"),
+                                      (dict(causal=True), "attends only to the first position"),
+                                      (dict(advance=False), "position index does not advance")])
+def test_decode_step_rejects(kw, hint):
+    expect_failure(check.decode_step, lambda model, token, cache: decode_step(model, token, cache, **kw), match=hint)
+
+
+def test_decode_step_rejects_recomputing_without_the_cache():
+    def rerun(model, token, cache):
+        cache[0] = token if cache[0] is None else torch.cat([cache[0], token], dim=1)
+        return model(cache[0])[0][:, -1]
+    expect_failure(check.decode_step, rerun, match="your code called model(...)")
+
+
+def test_decode_step_rejects_a_cache_of_the_wrong_layout():
+    def time_first(model, token, cache):
+        logits = decode_step(model, token, cache)
+        cache[:] = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in cache]   # (B, T, H, d): not as asked
+        return logits
+    expect_failure(check.decode_step, time_first, match="(batch, heads, positions so far, head size)")

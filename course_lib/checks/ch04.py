@@ -1,4 +1,5 @@
-"""Checks for chapter 04, a GPT from scratch: tokenizers, attention, the block, sampling, training."""
+"""Checks for chapter 04, a GPT from scratch: tokenizers, attention, the block, the forward pass, sampling,
+training and a KV-cache decode step."""
 
 import copy
 import math
@@ -7,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from course_lib.checks import assert_close, assert_equal, exercise, fmt, require, rng
+from course_lib.checks import CheckFailed, assert_close, assert_equal, exercise, fmt, require, rng
 
 
 def _torch_rng():
@@ -77,7 +78,24 @@ def _merge_cases():
     for _ in range(4):
         alphabet = rng().choice(np.arange(2, 40), size=int(rng().integers(2, 5)), replace=False)
         cases.append([int(v) for v in rng().choice(alphabet, size=int(rng().integers(9, 40)))])
+    # on every run: the winning pair only at odd positions, and overlapping runs that start at odd positions
+    a, b, *fill = (int(v) for v in rng().choice(np.arange(2, 60), size=12, replace=False))
+    odd = [fill[0]]
+    for j in range(int(rng().integers(3, 5))):
+        odd += [a, b, fill[2 * j + 1], fill[2 * j + 2]]       # a lands at 1, 5, 9, ...
+    cases.append(odd)
+    run1, run2 = int(rng().choice([3, 5])), int(rng().integers(3, 6))
+    cases.append([fill[0]] + [a] * run1 + [fill[1]] + [a] * run2 + [fill[2]])
     return cases
+
+
+def _even_only(ids, pair, new_id):
+    """The mistake of looking at the pairs (0, 1), (2, 3), ... only."""
+    out = []
+    for i in range(0, len(ids), 2):
+        chunk = ids[i:i + 2]
+        out += [new_id] if tuple(chunk) == pair else chunk
+    return out
 
 
 @exercise
@@ -102,14 +120,17 @@ def bpe_merge_step(bpe_merge_step):
         assert_equal(yours_pair, pair, what="the pair to merge", inputs={"ids": ids}, hint=tie_hint)
         yours = [int(v) for v in yours]
         hint = None
-        if len(yours) != len(expected):
+        if yours == _even_only(ids, pair, new_id) and yours != expected:
+            hint = ("you only merged pairs that start at even positions: a pair can start anywhere, so step "
+                    "by one when there is no match and by two after a merge.")
+        elif len(yours) != len(expected):
             hint = ("after a merge, step past both ids of the pair (i += 2): pairs must not overlap, "
                     "so 7 7 7 becomes [new, 7], and every other id is kept once.")
         elif yours == _merge_reference(ids[::-1], new_id)[1][::-1]:
             hint = "merge from left to right: in 7 7 7 the first two merge."
         assert_equal(yours, expected, what=f"the ids after merging {pair} into {new_id}", inputs={"ids": ids},
                      hint=hint or "walk i from left to right: if ids[i], ids[i+1] is the pair, emit new_id and step 2.")
-    return "6 sequences, with ties and runs"
+    return "8 sequences, with ties, runs and pairs at odd positions"
 
 
 # ---- attention ----------------------------------------------------------------------------
@@ -302,3 +323,163 @@ def train_step(train_step):
                      hint="the order is: loss = model(x, y)[1]; optimizer.zero_grad(); loss.backward(); "
                           "clip_grad_norm_; optimizer.step().")
     return "3 steps of a tiny GPT in float64, with clipping active"
+
+
+# ---- the whole model ------------------------------------------------------------------------
+
+def _random_gpt(g, vocab_size=19, block_size=11, n_layer=2, n_head=3, n_embd=12, scale=0.3):
+    """A tiny GPT in float64 whose every weight is random (not GPT-2's small init), so that a
+    missing position embedding or LayerNorm changes the logits by a lot, not by 1e-3."""
+    from course_lib.gpt.model import GPT, GPTConfig
+
+    config = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
+                       n_embd=n_embd, dropout=0.0)
+    model = GPT(config).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=g, dtype=torch.float64))
+            if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith("ln_f.weight"):
+                p.add_(1.0)     # LayerNorm gains near 1, as after training, but not exactly 1
+    return model
+
+
+def _reference_copy(model):
+    """The course's reference GPT, loaded with the same weights: the oracle."""
+    from course_lib.gpt.model import GPT
+
+    ref = GPT(model.config).double().eval()
+    ref.load_state_dict(model.state_dict())
+    return ref
+
+
+def _forbid(module, what, instead):
+    """Replace module's forward so that calling it fails with a message that says what to use."""
+    def forward(*args, **kwargs):
+        raise CheckFailed(f"your code called {what}, which is the thing this exercise writes: {instead}")
+    module.forward = forward
+
+
+def _gpt_variant(model, idx, positions=True, offset=0, final_norm=True):
+    tr = model.transformer
+    T = idx.size(1)
+    x = tr.wte(idx)
+    if positions:
+        x = x + tr.wpe(torch.arange(offset, offset + T))
+    for block in tr.h:
+        x = block(x)
+    return model.lm_head(tr.ln_f(x) if final_norm else x)
+
+
+@exercise
+def gpt_forward(gpt_forward):
+    """gpt_forward(model, idx): the logits of a GPT, built from its modules, against the reference GPT in float64."""
+    g = _torch_rng()
+    model = _random_gpt(g)
+    ref = _reference_copy(model)
+    V, block_size = model.config.vocab_size, model.config.block_size
+    _forbid(model, "model(idx)", "build the logits from model.transformer.wte, .wpe, .h, .ln_f and model.lm_head.")
+    cases = [(2, int(rng().integers(5, block_size - 1))), (3, 1), (1, block_size)]
+    for B, T in cases:
+        idx = torch.randint(0, V, (B, T), generator=g)
+        with torch.no_grad():
+            expected = ref(idx)[0]
+            mistakes = {
+                "the position embeddings are missing: add model.transformer.wpe of the positions 0..T-1 "
+                "to the token embeddings": _gpt_variant(ref, idx, positions=False),
+                "the final LayerNorm is missing: apply model.transformer.ln_f after the last block, "
+                "before the LM head": _gpt_variant(ref, idx, final_norm=False),
+            }
+            if T < block_size:
+                mistakes["your positions are off by one: the first token has position 0, so use "
+                         "torch.arange(T), not 1..T"] = _gpt_variant(ref, idx, offset=1)
+            try:
+                yours = gpt_forward(model, idx.clone())
+            except RuntimeError as e:
+                if "normalized_shape" in str(e):
+                    raise CheckFailed(
+                        f"your code raised RuntimeError: {e}\n  hint: ln_f normalizes the n_embd channels of the "
+                        "residual stream; apply it before the LM head, which maps n_embd channels to vocab_size "
+                        "logits.") from None
+                raise
+        assert_close(yours, expected, what=f"the output for idx of shape {(B, T)}", rtol=1e-9, atol=1e-10,
+                     inputs={"idx": idx}, mistakes=mistakes)
+    return "3 batches of a random 2-layer GPT in float64, against the reference GPT"
+
+
+# ---- the KV cache ---------------------------------------------------------------------------
+
+def _decode_variant(model, token, cache, mode="right"):
+    """One decode step of the reference, or of a usual mistake (mode), with its own cache list."""
+    tr = model.transformer
+    pos = 0 if cache[0] is None or mode == "stuck" else cache[0][0].size(2)
+    x = tr.wte(token) + tr.wpe(torch.tensor([pos]))
+    for layer, block in enumerate(tr.h):
+        attn = block.attn
+        B, T, C = x.shape
+        H = attn.n_head
+        q, k, v = attn.c_attn(block.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+        if cache[layer] is not None and mode != "no_append":
+            k, v = torch.cat([cache[layer][0], k], dim=2), torch.cat([cache[layer][1], v], dim=2)
+        cache[layer] = (k, v)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=(mode == "causal_one"))
+        x = x + attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        x = x + block.mlp(block.ln_2(x))
+    return model.lm_head(tr.ln_f(x))[:, -1]
+
+
+_DECODE_HINTS = {
+    "no_append": "your newest query attends only to its own key and value: append this step's k and v to the "
+                 "cached ones (along the time axis) and attend over all of them.",
+    "causal_one": "your newest query attends only to the first position: a causal mask built for a single query "
+                  "(is_causal=True, or the tril of a 1 x T matrix) hides every key but the first. The newest "
+                  "token comes after every cached one, so it may see them all: no mask.",
+    "stuck": "your position index does not advance: the new token's position is the number of positions "
+             "already cached (0, 1, 2, ...), and that is the row of wpe to add.",
+}
+
+
+@exercise
+def decode_step(decode_step):
+    """decode_step(model, token, cache): one KV-cache step; its logits must equal the full forward's last position."""
+    from course_lib.gpt.model import KVCache
+
+    g = _torch_rng()
+    model = _random_gpt(g, block_size=12)
+    ref = _reference_copy(model)
+    _forbid(model, "model(...)", "run the embeddings, each layer's attention with the cache, the MLP, ln_f and "
+                                 "lm_head yourself.")
+    for block in model.transformer.h:
+        _forbid(block, "a block's forward (block(x))", "a block's attention must use the cache; call block.ln_1, "
+                                                       "block.attn.c_attn, block.attn.c_proj, block.ln_2 and block.mlp.")
+        _forbid(block.attn, "block.attn(x)", "compute q, k, v with block.attn.c_attn and attend over the cache yourself.")
+    B, P = 2, int(rng().integers(6, model.config.block_size + 1))
+    prompt = torch.randint(0, model.config.vocab_size, (B, P), generator=g)
+    n_layer, H = model.config.n_layer, model.config.n_head
+    d = model.config.n_embd // H
+    cache = [None] * n_layer
+    wrong_caches = {mode: [None] * n_layer for mode in _DECODE_HINTS}
+    for t in range(P):
+        token = prompt[:, t:t + 1]
+        with torch.no_grad():
+            full = ref(prompt[:, :t + 1])[0][:, -1]
+            ref_cache = KVCache(n_layer)
+            ref(prompt[:, :t + 1], cache=ref_cache)
+            mistakes = {_DECODE_HINTS[m]: _decode_variant(ref, token, c, m) for m, c in wrong_caches.items()}
+            yours = decode_step(model, token.clone(), cache)
+        assert_close(yours, full, what=f"the output of step {t} (token {t} of a prompt of {P}, with {t} positions cached)",
+                     rtol=1e-9, atol=1e-10, inputs={"prompt": prompt[:, :t + 1]}, mistakes=mistakes,
+                     hint="they should equal the full forward's logits at the last position of prompt[:, :t+1].")
+        require(isinstance(cache, list) and len(cache) == n_layer,
+                f"after step {t}, cache should still be the list of {n_layer} layers it was given; got {fmt(cache)}.")
+        for layer in range(n_layer):
+            entry = cache[layer]
+            require(isinstance(entry, (tuple, list)) and len(entry) == 2,
+                    f"after step {t}, cache[{layer}] should be the pair (k, v) of that layer; got {fmt(entry)}.",
+                    hint="store cache[layer] = (k, v), the keys and values of every position so far.")
+            for name, yours_kv, ref_kv in zip("kv", entry, ref_cache.layers[layer]):
+                require(tuple(yours_kv.shape) == (B, H, t + 1, d),
+                        f"after step {t}, cache[{layer}]'s {name} has shape {tuple(yours_kv.shape)}; expected "
+                        f"{(B, H, t + 1, d)}: (batch, heads, positions so far, head size).")
+                assert_close(yours_kv, ref_kv, what=f"cache[{layer}]'s {name} after step {t}", rtol=1e-9, atol=1e-10)
+    return "every step of a random prompt through a 2-layer GPT in float64, against its full forward"
