@@ -1,5 +1,8 @@
 """Helpers for proving checks honest: a check must fail on wrong code and pass on the reference."""
 
+import contextlib
+import io
+
 import pytest
 
 from course_lib.checks import CheckFailed
@@ -14,6 +17,11 @@ def expect_failure(check, *args, match=None, **kwargs):
     return str(info.value)
 
 
-def expect_pass(check, *args, capsys=None, **kwargs):
+def expect_pass(check, *args, **kwargs):
     """Run a check on a correct implementation; it must pass and print its green line."""
-    check(*args, **kwargs)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        check(*args, **kwargs)
+    green = f"✔ {check.__name__} passed"
+    assert green in out.getvalue(), f"the check printed no {green!r} line:\n{out.getvalue()}"
+    return out.getvalue()

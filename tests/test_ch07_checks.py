@@ -4,6 +4,7 @@ The wrong kernels below are the usual first attempts: no guard, x and y swapped,
 barrier, a halo or a partial tile forgotten. Kernels use the module-level `cuda`.
 """
 
+import numpy as np
 import pytest
 
 from checking import expect_failure
@@ -137,7 +138,15 @@ def blocks_unguarded(a, out):
     out[i] = a[i] + 10
 
 
-@pytest.mark.parametrize("wrong, hint", [(blocks_no_offset, "every block covers its own chunk"), (blocks_unguarded, "guard")])
+@cuda.jit
+def blocks_assume_8(a, out):
+    i = cuda.blockIdx.x * 8 + cuda.threadIdx.x      # the block size written as a number
+    if i < a.size:
+        out[i] = a[i] + 10
+
+
+@pytest.mark.parametrize("wrong, hint", [(blocks_no_offset, "every block covers its own chunk"), (blocks_unguarded, "guard"),
+                                         (blocks_assume_8, "never write it as a number")])
 def test_blocks_rejects(wrong, hint):
     expect_failure(check.blocks_add10, wrong, match=hint)
 
@@ -155,8 +164,26 @@ def blocks2d_unguarded(a, out):
     out[row, col] = a[row, col] + 10
 
 
+@cuda.jit
+def blocks2d_assume_square(a, out):
+    col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    row = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.y     # blockDim.x for y: square blocks only
+    if row < a.shape[0] and col < a.shape[1]:
+        out[row, col] = a[row, col] + 10
+
+
+@cuda.jit
+def blocks2d_assume_4x4(a, out):
+    col = cuda.blockIdx.x * 4 + cuda.threadIdx.x
+    row = cuda.blockIdx.y * 4 + cuda.threadIdx.y
+    if row < a.shape[0] and col < a.shape[1]:
+        out[row, col] = a[row, col] + 10
+
+
 @pytest.mark.parametrize("wrong, hint", [(blocks2d_swapped, "cuda.grid(2) returns (x, y)"),
-                                         (blocks2d_unguarded, "guard both axes")])
+                                         (blocks2d_unguarded, "guard both axes"),
+                                         (blocks2d_assume_square, "not always square"),
+                                         (blocks2d_assume_4x4, "not always square")])
 def test_blocks2d_rejects(wrong, hint):
     expect_failure(check.blocks2d_add10, wrong, match=hint)
 
@@ -413,7 +440,19 @@ def matmul_short_k(A, B, C):
         C[row, col] = acc
 
 
-@pytest.mark.parametrize("wrong, hint", [(matmul_swapped, "cuda.grid(2)"), (matmul_short_k, "stops one short")])
+@cuda.jit
+def matmul_assume_square(A, B, C):
+    col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    row = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.y     # blockDim.x for y: square blocks only
+    if row < C.shape[0] and col < C.shape[1]:
+        acc = 0.0
+        for k in range(A.shape[1]):
+            acc += A[row, k] * B[k, col]
+        C[row, col] = acc
+
+
+@pytest.mark.parametrize("wrong, hint", [(matmul_swapped, "cuda.grid(2)"), (matmul_short_k, "stops one short"),
+                                         (matmul_assume_square, "not always square")])
 def test_matmul_naive_rejects(wrong, hint):
     expect_failure(check.matmul_naive, wrong, match=hint)
 
@@ -476,3 +515,24 @@ def test_oversized_block_is_refused():
     # The check launches 8-thread blocks, so a correct kernel passes; the launcher refuses
     # blocks a GPU would refuse (tested in test_ch07_cuda.py).
     check.blocks_add10(fine)
+
+
+# ---- the goal pictures under the exercise stubs ---------------------------------------------------
+
+EXERCISES = ["map_add10", "zip_add", "guard_add10", "map2d_add10", "broadcast_add", "blocks_add10",
+             "blocks2d_add10", "block_reverse", "pool3", "dot_partial", "conv1d", "block_scan", "row_sum",
+             "matmul_naive", "matmul_tiled"]
+
+
+def test_every_goal_picture_traces_a_reference_that_writes_every_output():
+    """Each exercise's picture comes from the library's kernel, traced at the exercise's sizes
+    (TPB, TILE = 8); that trace must fill every output the picture shows."""
+    from course_lib.cuda.trace import _goals, goal_kernel, trace
+
+    goals = _goals(TPB, TILE)
+    assert list(goals) == EXERCISES
+    for name, (grid, block, arrays, _) in goals.items():
+        t = trace(goal_kernel(name, TPB, TILE), grid, block, **arrays)
+        for key, before in arrays.items():
+            if np.isnan(before).all():
+                assert not np.isnan(t.arrays[key]).any(), f"{name}: {key} not fully written"

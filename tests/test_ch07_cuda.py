@@ -204,3 +204,21 @@ def test_selective_scan_matches_chapter_05(rng):
     B, C, D = rng.standard_normal((batch, L, N)), rng.standard_normal((batch, L, N)), rng.standard_normal(d)
     ref = mamba_scan.selective_scan_sequential(*(torch.tensor(v) for v in (x, dt, A, B, C, D)))
     assert np.allclose(S.selective_scan(x, dt, A, B, C, D), ref.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_shared_arrays_stay_shared_when_threads_switch_often():
+    """The simulator runs a block's threads as Python threads; each must get the same shared array
+    even when the interpreter switches threads inside the allocation (a wrong sum otherwise)."""
+    import sys
+
+    from course_lib.cuda import puzzles
+
+    rng = np.random.default_rng(5)
+    x, y = rng.uniform(-1, 1, 75), rng.uniform(-1, 1, 75)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        results = [puzzles.dot(x, y) for _ in range(4)]
+    finally:
+        sys.setswitchinterval(old)
+    np.testing.assert_allclose(results, [x @ y] * 4, rtol=1e-12)

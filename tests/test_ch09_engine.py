@@ -185,7 +185,8 @@ def test_the_models_are_the_course_s():
 def test_custom_op_cnn_does_not_export():
     """Chapter 08's custom ops are autograd.Functions around numba kernels: the tracer cannot see inside."""
     from course_lib.ops.cnn import DigitsCNN
-    with pytest.raises(Exception):
+    # the functions become opaque PythonOp nodes, on which torch's TorchScript exporter fails in a graph pass
+    with pytest.raises(IndexError, match="Argument passed to at\\(\\) was not in the map"):
         export(DigitsCNN(custom=True), torch.randn(2, 1, 8, 8), ["x"], ["y"])
 
 
@@ -210,7 +211,7 @@ def test_chunked_mamba_scan_does_not_export():
     from course_lib.mamba import Mamba, MambaConfig
     from course_lib.infer.models import LogitsOnly
     m = LogitsOnly(Mamba(MambaConfig(vocab_size=65, d_model=16, n_layer=1, scan="chunked")))
-    with pytest.raises(Exception, match="cumprod"):
+    with pytest.raises(torch.onnx.errors.UnsupportedOperatorError, match="'aten::cumprod' to ONNX opset version 17"):
         export(m, torch.zeros(1, 16, dtype=torch.long), ["idx"], ["logits"])
 
 

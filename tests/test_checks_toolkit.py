@@ -61,7 +61,8 @@ def test_exercise_wrapper_records_progress(tmp_path, monkeypatch, capsys):
         assert_close(fn(3.0), 9.0)
         return "1 case"
 
-    demo.__module__  # defined in this module: chapter key is the module suffix
+    chapter = __name__.rsplit(".", 1)[-1]  # the chapter key is the last part of the check's module name
+    assert demo.__module__ == __name__ and "demo" in checks.REGISTRY[chapter]
     demo(lambda x: x * x)
     assert "✔ demo passed" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="demo: .*differs"):

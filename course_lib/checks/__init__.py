@@ -89,10 +89,10 @@ def exercise(check):
 def _keep(chapter, name, args, kwargs):
     """Save the passing code in work/yours/ for later chapters (`course status` lists it); say so
     only if it cannot be saved, so the pass line stays the same wherever the notebook runs."""
-    from course_lib import yours
+    from course_lib import keep
 
     try:
-        yours.record(chapter, name, args, kwargs)
+        keep.record(chapter, name, args, kwargs)
     except Exception as e:  # saving must never turn a pass into an error
         print(f"(your code passed but could not be saved for later chapters: {type(e).__name__}: {e})")
 

@@ -121,25 +121,28 @@ def guard_add10(kernel):
     return "3 random sizes, up to 15 idle threads each"
 
 
-def _map2d(kernel, block_fn, grid_fn, what):
-    for _ in range(3):
+def _map2d(kernel, config, what, hint=GRID2_HINT):
+    """Three random non-square matrices; config(i, rows, cols) gives case i's (grid, block)."""
+    for i in range(3):
         rows, cols = int(rng().integers(3, 8)), int(rng().integers(9, 14))
         if rng().random() < 0.5:
             rows, cols = cols, rows                      # tall and wide, never square
         a, out = rng().uniform(-5, 5, (rows, cols)), _nan_out((rows, cols))
+        grid, block = config(i, rows, cols)
         try:
-            _run(kernel, grid_fn(rows, cols), block_fn(rows, cols), a, out)
+            _run(kernel, grid, block, a, out)
         except CheckFailed as e:
             raise CheckFailed(f"{e}\n  hint: guard both axes, `if row < a.shape[0] and col < a.shape[1]`; "
                               + GRID2_HINT) from None
-        _compare(out, a + 10, f"{what} for a {rows}x{cols} input", inputs={"a": a}, hint=GRID2_HINT)
+        _compare(out, a + 10, f"{what} for a {rows}x{cols} input, blocks of {block[0]}x{block[1]}",
+                 inputs={"a": a}, hint=hint)
     return "3 random non-square shapes"
 
 
 @exercise
 def map2d_add10(kernel):
     """One 2-D block of (x = columns + 1, y = rows + 2) threads: out[row, col] = a[row, col] + 10."""
-    return _map2d(kernel, lambda r, c: (c + 1, r + 2), lambda r, c: 1, "out")
+    return _map2d(kernel, lambda i, r, c: (1, (c + 1, r + 2)), "out")
 
 
 @exercise
@@ -160,26 +163,40 @@ def broadcast_add(kernel):
     return "3 random non-square shapes"
 
 
+BLOCK_SIZES = (8, 5, 16)                   # 1-D blocks: a kernel must read cuda.blockDim.x, not assume 8
+BLOCKS_2D = ((4, 4), (8, 2), (3, 5))       # 2-D blocks, square and rectangular both ways
+
+
 @exercise
 def blocks_add10(kernel):
-    """Many blocks of 8 threads: i = blockIdx.x * blockDim.x + threadIdx.x."""
-    for n in _sizes(12, 45, 8):
+    """Many blocks of 8, then 5, then 16 threads: i = blockIdx.x * blockDim.x + threadIdx.x."""
+    for tpb in BLOCK_SIZES:
+        n = _sizes(12, 45, tpb, k=1)[0]
         a, out = rng().uniform(-5, 5, n), _nan_out(n)
         try:
-            _run(kernel, blocks_for(n, 8), 8, a, out)
+            _run(kernel, blocks_for(n, tpb), tpb, a, out)
         except CheckFailed as e:
             raise _guard_hint(e) from None
-        first_only = np.where(np.arange(n) < 8, a + 10, np.nan)
-        _compare(out, a + 10, f"out for n = {n} ({blocks_for(n, 8)} blocks of 8)", inputs={"a": a},
-                 hint="every block covers its own chunk: i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x.",
+        first_only = np.where(np.arange(n) < tpb, a + 10, np.nan)
+        _compare(out, a + 10, f"out for n = {n} ({blocks_for(n, tpb)} blocks of {tpb})", inputs={"a": a},
+                 hint="every block covers its own chunk: i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x. "
+                      f"The check launches blocks of {', '.join(map(str, BLOCK_SIZES))} threads: read the block "
+                      "size from cuda.blockDim.x, never write it as a number.",
                  mistakes={"only the first chunk is written: add blockIdx.x * blockDim.x": first_only})
-    return "3 random sizes"
+    return f"3 random sizes, blocks of {', '.join(map(str, BLOCK_SIZES))} threads"
+
+
+def _blocks_2d(i, rows, cols):
+    bx, by = BLOCKS_2D[i]
+    return (blocks_for(cols, bx), blocks_for(rows, by)), (bx, by)
 
 
 @exercise
 def blocks2d_add10(kernel):
-    """A 2-D grid of 4x4 blocks over a non-square matrix, with cuda.grid(2)."""
-    return _map2d(kernel, lambda r, c: (4, 4), lambda r, c: (blocks_for(c, 4), blocks_for(r, 4)), "out")
+    """A 2-D grid of 4x4, 8x2 and 3x5 blocks over a non-square matrix, with cuda.grid(2)."""
+    _map2d(kernel, _blocks_2d, "out", hint=GRID2_HINT + " The blocks are not always square: take x with "
+           "blockDim.x and y with blockDim.y, or let cuda.grid(2) do it.")
+    return "3 random non-square shapes, with 4x4, 8x2 and 3x5 blocks"
 
 
 # ---- 8. to 13.: shared memory and barriers ----------------------------------------------------
@@ -380,13 +397,15 @@ def _run_matmul(kernel, block, A, B):
 
 @exercise
 def matmul_naive(kernel):
-    """C = A @ B, one thread per element of C, blocks of 8x8."""
-    for A, B in _matmul_cases():
-        C = _run_matmul(kernel, (8, 8), A, B)
+    """C = A @ B, one thread per element of C, blocks of 8x8, then rectangular 16x4 and 4x8."""
+    for (A, B), block in zip(_matmul_cases(), ((8, 8), (16, 4), (4, 8))):
+        C = _run_matmul(kernel, block, A, B)
         ref = A.astype(np.float64) @ B.astype(np.float64)
-        _compare(C, ref, f"C for A {A.shape} @ B {B.shape}", rtol=1e-4, atol=1e-5, hint=GRID2_HINT,
+        _compare(C, ref, f"C for A {A.shape} @ B {B.shape}, blocks of {block[0]}x{block[1]}", rtol=1e-4,
+                 atol=1e-5, hint=GRID2_HINT + " The blocks are not always square: use cuda.grid(2), or "
+                 "blockDim.x for x and blockDim.y for y.",
                  mistakes={"the k loop stops one short: range(A.shape[1])": ref - np.outer(A[:, -1], B[-1])})
-    return "3 random non-square shapes"
+    return "3 random non-square shapes, with 8x8, 16x4 and 4x8 blocks"
 
 
 @exercise

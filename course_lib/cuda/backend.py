@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from course_lib.cuda.launch import blocks_for, launch
+from course_lib.tensor import tensor_data
 from course_lib.tensor.backend import Backend
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
 from numba import cuda, float32, float64
@@ -101,14 +102,9 @@ ZIP_FUNCS = {
 
 # ---- strided positions -------------------------------------------------------------------------
 
-@cuda.jit(device=True)
-def position(ordinal, shape, strides, offset):
-    """Storage position of element `ordinal` (row-major over `shape`) of a strided view."""
-    pos = offset
-    for d in range(len(shape) - 1, -1, -1):
-        pos += (ordinal % shape[d]) * strides[d]
-        ordinal //= shape[d]
-    return pos
+#: Storage position of element `ordinal` (row-major over `shape`) of a strided view: the very
+#: function in tensor_data.py, compiled for the GPU.
+position = cuda.jit(device=True)(tensor_data.position)
 
 
 # ---- kernel factories: one compiled kernel per op name -------------------------------------------

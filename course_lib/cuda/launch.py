@@ -10,6 +10,7 @@ so code that passes here also launches there.
 """
 
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -70,6 +71,9 @@ def check_config(grid, block, shared_bytes=0):
     return grid, block
 
 
+_ALLOCATING = threading.Lock()
+
+
 class _SharedMeter:
     """On the simulator, count each block's shared-memory bytes and refuse more than a GPU has."""
 
@@ -90,14 +94,17 @@ class _SharedMeter:
             # The simulator tells arrays apart by the kernel line that made them.
             caller = sys._getframe(1)
             key = (caller.f_code.co_filename, caller.f_lineno)
-            if key not in shared._allocations:
-                dtype = numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype
-                shared._allocations[key] = np.empty(shape, dtype)
-                used = meter.dynamic + sum(a.nbytes for a in shared._allocations.values())
-                if used > MAX_SHARED_BYTES:
-                    raise LaunchError(f"the kernel asks for {used} bytes of shared memory per block; "
-                                      f"a GPU gives a block at most {MAX_SHARED_BYTES}")
-            return shared._allocations[key]
+            # The block's threads are Python threads: without the lock, two of them can both see
+            # no array yet and each make its own, so they no longer share (a wrong sum, no error).
+            with _ALLOCATING:
+                if key not in shared._allocations:
+                    dtype = numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype
+                    shared._allocations[key] = np.empty(shape, dtype)
+                    used = meter.dynamic + sum(a.nbytes for a in shared._allocations.values())
+                    if used > MAX_SHARED_BYTES:
+                        raise LaunchError(f"the kernel asks for {used} bytes of shared memory per block; "
+                                          f"a GPU gives a block at most {MAX_SHARED_BYTES}")
+                return shared._allocations[key]
 
         self.cls.array = array
         return self

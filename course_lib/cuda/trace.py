@@ -4,6 +4,8 @@
     t.draw()                        # one grid per array: who read and who wrote each cell
     t.draw(highlight=(0, 3))        # only what thread 3 of block 0 touched
     t.warp_report()                 # memory transactions and bank conflicts per warp access
+    t.draw_steps("buf (shared, block 0)")   # one shared array, barrier phase by barrier phase
+    goal("pool3")                   # what an exercise's kernel must do, traced from the library's kernel
 
 The kernel's own Python source runs, one Python thread per CUDA thread, with a stand-in
 for `numba.cuda` (the module-level name `cuda` in the kernel's globals is swapped for
@@ -87,7 +89,7 @@ class Tracer:
         return f"thread {tuple(self.local.thread)[:self._nd()]} of block {tuple(self.local.block)[:self._nd()]}"
 
     def _nd(self):
-        return 3 if self.block.z > 1 or self.grid.z > 1 else 2 if self.block.y > 1 or self.grid.y > 1 else 1
+        return _ndim(self.grid, self.block)
 
     def log(self, name, idx, kind):
         loc = self.local
@@ -174,6 +176,11 @@ class Tracer:
                 raise first
 
 
+def _ndim(grid, block):
+    """How many of a launch's dimensions are in use (1, 2 or 3)."""
+    return 3 if block.z > 1 or grid.z > 1 else 2 if block.y > 1 or grid.y > 1 else 1
+
+
 def _target(frame):
     """The variable name on the kernel line that called cuda.shared.array (for labels)."""
     line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
@@ -194,13 +201,22 @@ class Trace:
         return [e for e in self.events if (array is None or e.array == array) and (kind is None or e.kind == kind)
                 and (block is None or e.block == block) and (thread is None or e.thread == thread)]
 
-    def draw(self, arrays=None, highlight=None, kinds=("read", "write"), title=None):
+    def _thread_label(self, thread):
+        """A thread's coordinates in its block, as "x" or "x,y"."""
+        bx, by = self.block.x, self.block.y
+        x, y, z = thread % bx, thread // bx % by, thread // (bx * by)
+        return str(x) if self.block.y == self.block.z == 1 else f"{x},{y}" if self.block.z == 1 else f"{x},{y},{z}"
+
+    def draw(self, arrays=None, highlight=None, kinds=("read", "write"), title=None, color="block", label="id"):
         """One panel per (array, read/write): each cell coloured by the block that touched it
         and labelled with the thread(s) of that block. `highlight=(block, thread)` leaves
         out everything but that thread's accesses; `(block, range(32))`, all but that block's first
         warp; `(block, None)`, all but that block's.
-        Blocks and threads are numbered linearly (x fastest)."""
+        Blocks and threads are numbered linearly (x fastest). `label="xy"` writes a thread's
+        (x, y) in its block instead; `color="phase"` colours by barrier phase instead of block
+        (phase p = after the p-th `syncthreads`), which shows the steps of a loop of loads."""
         import matplotlib.pyplot as plt
+        from matplotlib.collections import PatchCollection
         from matplotlib.patches import Rectangle
 
         names = [n for n in (arrays or self.arrays) if self.accesses(n)]
@@ -226,19 +242,22 @@ class Trace:
                 if highlight is None or (e.block == highlight[0] and (
                         highlight[1] is None or e.thread == highlight[1]
                         or (not np.isscalar(highlight[1]) and e.thread in highlight[1]))):
-                    who[e.index if len(e.index) == 2 else (0, e.index[0])].add((e.block, e.thread))
+                    who[e.index if len(e.index) == 2 else (0, e.index[0])].add((e.block, e.thread, e.phase))
+            cells = []
             for r in range(rows):
                 for c in range(cols):
                     ts = who.get((r, c), set())
-                    blocks = sorted({b for b, _ in ts})
-                    face = colors[blocks[0] % 10] if len(blocks) == 1 else ("#555555" if blocks else "#ffffff")
-                    ax.add_patch(Rectangle((c, rows - 1 - r), 1, 1, facecolor=face, alpha=0.45 if ts else 1,
+                    keys = sorted({b if color == "block" else p for b, _, p in ts})
+                    face = colors[keys[0] % 10] if len(keys) == 1 else ("#555555" if keys else "#ffffff")
+                    cells.append(Rectangle((c, rows - 1 - r), 1, 1, facecolor=face, alpha=0.45 if ts else 1,
                                            edgecolor="#444444", linewidth=0.6))
                     if ts:
-                        tids = sorted(t for _, t in ts)
-                        label = str(tids[0]) if len(tids) == 1 else f"{len(tids)}×"
-                        ax.text(c + 0.5, rows - 0.5 - r, label, ha="center", va="center",
-                                fontsize=7 if cell > 0.3 else 5)
+                        tids = sorted({(b, t) for b, t, _ in ts})
+                        text = (self._thread_label(tids[0][1]) if label == "xy" else str(tids[0][1])) \
+                            if len(tids) == 1 else f"{len(tids)}×"
+                        ax.text(c + 0.5, rows - 0.5 - r, text, ha="center", va="center", in_layout=False,
+                                fontsize=(7 if cell > 0.3 else 5) - (1 if len(text) > 3 else 0))
+            ax.add_collection(PatchCollection(cells, match_original=True))   # one artist: fast to draw
             ax.set_xlim(-0.05, (width or cols) + 0.05)
             ax.set_ylim(-0.05, rows + 0.05)
             ax.set_aspect("equal")
@@ -247,7 +266,46 @@ class Trace:
             for s in ax.spines.values():
                 s.set_visible(False)
             ax.set_title(f"{name}: {kind}s", fontsize=9, loc="left")
-        fig.suptitle(title or f"grid {tuple(self.grid)}, block {tuple(self.block)}\ncolour = block, "
+        number = "(x,y) of the thread in its block" if label == "xy" else "thread in block"
+        fig.suptitle(title or f"grid {tuple(self.grid)}, block {tuple(self.block)}\ncolour = {color}, "
+                     f"number = {number}, n× = n threads", fontsize=9)
+        fig.tight_layout()
+        return fig
+
+    def draw_steps(self, array, title=None):
+        """A timeline of one (1-D) array, usually a block's shared memory: one row for the reads
+        and one for the writes of each barrier phase (phase p = between the p-th and the
+        (p+1)-th `syncthreads`), each cell labelled with the thread that touched it then.
+        Shows a reduction's tree or a scan's steps."""
+        import matplotlib.pyplot as plt
+        from matplotlib.collections import PatchCollection
+        from matplotlib.patches import Rectangle
+
+        shape, n = self.arrays[array].shape, self.arrays[array].size
+        rows = sorted({(e.phase, e.kind) for e in self.accesses(array)})      # "read" sorts before "write"
+        who = defaultdict(set)
+        for e in self.accesses(array):
+            who[(rows.index((e.phase, e.kind)), int(np.ravel_multi_index(e.index, shape)))].add(e.thread)
+        cell = min(0.42, 12 / n)
+        fig, ax = plt.subplots(figsize=(cell * (n + 4) + 0.6, cell * len(rows) + 1.0))
+        colors = plt.get_cmap("tab10").colors
+        cells = []
+        for r, (phase, kind) in enumerate(rows):
+            y = len(rows) - 1 - r
+            ax.text(-0.3, y + 0.5, f"phase {phase}, {kind}s", ha="right", va="center", fontsize=7)
+            for c in range(n):
+                ts = sorted(who.get((r, c), ()))
+                cells.append(Rectangle((c, y), 1, 1, facecolor=colors[phase % 10] if ts else "#ffffff",
+                                       alpha=0.45 if ts else 1, edgecolor="#444444", linewidth=0.6))
+                if ts:
+                    ax.text(c + 0.5, y + 0.5, str(ts[0]) if len(ts) == 1 else f"{len(ts)}×", in_layout=False,
+                            ha="center", va="center", fontsize=7 if cell > 0.3 else 5)
+        ax.add_collection(PatchCollection(cells, match_original=True))   # one artist: fast to draw
+        ax.set_xlim(-4, n + 0.05)
+        ax.set_ylim(-0.05, len(rows) + 0.05)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        ax.set_title(title or f"{array}, one row per barrier phase and kind of access\n"
                      f"number = thread in block, n× = n threads", fontsize=9)
         fig.tight_layout()
         return fig
@@ -282,3 +340,91 @@ def trace(kernel, grid, block, **arrays):
     args = [(_Array(v, k, tracer) if isinstance(v, np.ndarray) else v) for k, v in copies.items()]
     tracer.run(kernel, args)
     return Trace(tracer, {k: v for k, v in copies.items() if isinstance(v, np.ndarray)})
+
+
+def rebind(kernel, **names):
+    """The kernel's Python function with some of its module's names replaced (say TPB=8), to
+    trace a library kernel at the sizes an exercise uses. `trace` accepts it like a kernel."""
+    fn = getattr(kernel, "py_func", kernel)
+    return types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+
+
+# ---- the exercises' goals, as pictures ---------------------------------------------------------
+
+def _goals(tpb, tile):
+    """name -> (grid, block, arrays, pictures). A picture is ("draw", draw's options) or ("steps", array)."""
+    r = np.random.default_rng(7)
+
+    def u(*shape):
+        return r.uniform(-1, 1, shape).round(2)
+
+    def nan(*shape):
+        return np.full(shape, np.nan)
+
+    n, nb = 2 * tpb + 3, 3                        # three blocks, the last one partial
+    xy = {"label": "xy"}
+    return {
+        "map_add10": (1, 6, dict(a=u(6), out=nan(6)), [("draw", {})]),
+        "zip_add": (1, 6, dict(a=u(6), b=u(6), out=nan(6)), [("draw", {})]),
+        "guard_add10": (1, 8, dict(a=u(5), out=nan(5)), [("draw", {"note": "threads 5 to 7 touch nothing"})]),
+        "map2d_add10": (1, (6, 5), dict(a=u(3, 5), out=nan(3, 5)), [("draw", xy)]),
+        "broadcast_add": (1, (7, 4), dict(a=u(3, 1), b=u(1, 5), out=nan(3, 5)), [("draw", xy)]),
+        "blocks_add10": (nb, tpb, dict(a=u(n), out=nan(n)), [("draw", {})]),
+        "blocks2d_add10": ((2, 2), (4, 4), dict(a=u(5, 7), out=nan(5, 7)), [("draw", xy)]),
+        "block_reverse": (nb, tpb, dict(a=u(n), out=nan(n)),
+                          [("draw", {"arrays": ["a", "buf (shared, block 2)", "out"]})]),
+        "pool3": (nb, tpb, dict(a=u(n), out=nan(n)), [("draw", {"arrays": ["a", "buf (shared, block 1)", "out"]})]),
+        "dot_partial": (nb, tpb, dict(a=u(n), b=u(n), partial=nan(nb)),
+                        [("draw", {"arrays": ["a", "b", "partial"]}), ("steps", "buf (shared, block 0)")]),
+        "conv1d": (nb, tpb, dict(a=u(n), w=u(3), out=nan(n)),
+                   [("draw", {"arrays": ["a", "w", "tile (shared, block 1)", "out"],
+                              "note": "here w has 3 weights"})]),
+        "block_scan": (nb, tpb, dict(a=u(n), out=nan(n), block_sums=nan(nb)),
+                       [("draw", {"arrays": ["a", "out", "block_sums"]}), ("steps", "buf (shared, block 0)")]),
+        "row_sum": (3, tpb, dict(a=u(3, n), out=nan(3)),
+                    [("draw", {"arrays": ["a", "out"], "note": "block b sums row b"}),
+                     ("steps", "buf (shared, block 0)")]),
+        "matmul_naive": ((2, 2), (8, 8), dict(A=u(10, 6), B=u(6, 11), C=nan(10, 11)),
+                         [("draw", {"highlight": (1, 10), "label": "xy", "arrays": ["A", "B", "C"],
+                                    "note": "only thread (2,1) of block (1,0), out of 256"})]),
+        "matmul_tiled": (1, (tile, tile), dict(A=u(3, tile + 3), B=u(tile + 3, 5), C=nan(3, 5)),
+                         [("draw", {"label": "xy", "color": "phase", "arrays": ["A", "B", "C"],
+                                    "note": "one block over a 3x5 C\ncolour = barrier "
+                                    "phase (each tile of K is loaded in its own phase)"})]),
+    }
+
+
+def goal_kernel(name, tpb, tile):
+    """The library's reference kernel for the exercise `name`, with the exercise's TPB and TILE."""
+    from course_lib.cuda import matmul, puzzles
+
+    kernel = getattr(puzzles, "k_" + name, None) or getattr(matmul, "k_" + name)
+    return rebind(kernel, TPB=tpb, TILE=tile)
+
+
+def goal(name, tpb=8, tile=8):
+    """Draw what the chapter 07 exercise `name` must do: which thread reads and writes which
+    element. The picture traces the course's reference kernel for it (course_lib.cuda.puzzles
+    and .matmul) at the exercise's sizes, on fixed inputs; it never runs your kernel."""
+    import matplotlib.pyplot as plt
+
+    goals = _goals(tpb, tile)
+    if name not in goals:
+        raise KeyError(f"no goal picture for {name!r}; there are: {', '.join(goals)}")
+    grid, block, arrays, pictures = goals[name]
+    t = trace(goal_kernel(name, tpb, tile), grid, block, **arrays)
+    for what, opts in pictures:
+        if what == "steps":
+            t.draw_steps(opts, title=f"the goal of {name}: {opts}, step by step\n"
+                                     f"number = thread in block, n× = n threads")
+        else:
+            opts = dict(opts)
+            note = opts.pop("note", "")
+            legend = "colour = block" if opts.get("color", "block") == "block" else ""
+            legend += ", number = " + ("(x,y) of the thread in its block" if opts.get("label") == "xy"
+                                       else "thread in block") + ", n× = n threads"
+            nd = _ndim(t.grid, t.block)
+            t.draw(title=f"the goal of {name}: grid {tuple(t.grid)[:nd]}, block {tuple(t.block)[:nd]}"
+                         f"{'; ' + note if note else ''}\n{legend.lstrip(', ')}", **opts)
+    plt.show()

@@ -3,8 +3,8 @@
 A view is (storage, offset, shape, strides): element `index` sits at
 `storage[offset + sum(index[d] * strides[d])]`. The kernels walk their output in row-major
 order, one ordinal 0 .. size-1 at a time, and need the storage position of that ordinal in
-every operand. `position` computes it with one divide per dimension and no temporary index
-array; it is small, so LLVM inlines it into the kernels' loops.
+every operand. `position` (tensor_data.py's, compiled here) computes it with one divide per
+dimension and no temporary index array; it is small, so LLVM inlines it into the kernels' loops.
 
 Broadcasting needs no special case in the kernels: `broadcast_strides` gives a smaller
 operand the output's number of dims and stride 0 on every broadcast dimension, so every
@@ -14,25 +14,12 @@ index along that dimension reads the same element.
 import numpy as np
 from numba import njit
 
+from course_lib.tensor import tensor_data
+from course_lib.tensor.tensor_data import contiguous_strides  # noqa: F401  (fast/backend.py imports it from here)
 
-@njit(cache=True)
-def position(ordinal, shape, strides, offset):
-    """Row-major ordinal over `shape` -> position in storage of the view (strides, offset)."""
-    pos = np.int64(offset)
-    rest = np.int64(ordinal)  # a prange index may be unsigned; uint64 mixed with int64 gives float64
-    for d in range(len(shape) - 1, -1, -1):
-        pos += (rest % shape[d]) * strides[d]
-        rest //= shape[d]
-    return pos
-
-
-def contiguous_strides(shape):
-    """Row-major strides (in elements) of a fresh array of `shape`."""
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
+#: Row-major ordinal over `shape` -> position in storage of the view (strides, offset): the very
+#: function in tensor_data.py, compiled for the CPU.
+position = njit(cache=True)(tensor_data.position)
 
 
 def broadcast_strides(shape, strides, out_shape):

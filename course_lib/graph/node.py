@@ -1,9 +1,9 @@
 """Nodes and graphs: define first, run later.
 
 A Node records an operation and its inputs; nothing is computed when it is built. Only
-its static shape is worked out at once (see ops.py), so a mismatch is reported where the
-graph is defined, not deep inside a later run. A dimension may be None (unknown until
-run time, such as the batch size).
+its static shape is worked out at once (see ops.py, which also gives Node its operators),
+so a mismatch is reported where the graph is defined, not deep inside a later run. A
+dimension may be None (unknown until run time, such as the batch size).
 """
 
 import itertools
@@ -60,32 +60,9 @@ class Node:
         """A copy of this node (same op and attributes) reading other inputs."""
         return Node(self.op, inputs, **self.attrs)
 
-    # Build-time sugar: each operator makes a node (see ops.py for the ops themselves).
-    def __add__(self, other): return ops.add(self, other)
-    def __radd__(self, other): return ops.add(other, self)
-    def __sub__(self, other): return ops.sub(self, other)
-    def __rsub__(self, other): return ops.sub(other, self)
-    def __mul__(self, other): return ops.mul(self, other)
-    def __rmul__(self, other): return ops.mul(other, self)
-    def __truediv__(self, other): return ops.div(self, other)
-    def __rtruediv__(self, other): return ops.div(other, self)
-    def __matmul__(self, other): return ops.matmul(self, other)
-    def __rmatmul__(self, other): return ops.matmul(other, self)
-    def __neg__(self): return ops.neg(self)
-    def __gt__(self, other): return ops.greater(self, other)
-    def __lt__(self, other): return ops.greater(other, self)
-    def __pow__(self, p): return ops.power(self, p)
-
-    def sum(self, dim=None, keepdim=False): return ops.reduce_sum(self, dim, keepdim)
-    def mean(self, dim=None, keepdim=False): return ops.reduce_mean(self, dim, keepdim)
-    def reshape(self, *shape): return ops.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
-    def relu(self): return ops.relu(self)
-    def exp(self): return ops.exp(self)
-    def log(self): return ops.log(self)
-    def sigmoid(self): return ops.sigmoid(self)
-
-    @property
-    def T(self): return ops.transpose(self)
+    # The build-time sugar (x + y, x @ w, x.sum(), x.T, ...) and `Node.constant`, the op that
+    # wraps a plain value, are attached by ops.py, where the ops are defined (as TF1's math_ops does).
+    constant = None
 
     # A node has no value while the graph is being built: refuse to pretend it does.
     def _no_value(self, *args):
@@ -104,7 +81,7 @@ def as_node(x):
         return x
     if hasattr(x, "numpy") and callable(x.numpy):
         x = x.detach().numpy() if hasattr(x, "detach") else x.numpy()
-    return ops.constant(np.asarray(x, dtype=np.float64))
+    return Node.constant(np.asarray(x, dtype=np.float64))
 
 
 def topo_order(outputs):
@@ -122,5 +99,3 @@ def topo_order(outputs):
                 stack.extend((i, False) for i in reversed(node.inputs) if i not in seen)
     return order
 
-
-from course_lib.graph import ops  # noqa: E402  (ops needs Node; Node's operators need ops)

@@ -6,10 +6,7 @@ so the gradient graph can itself be differentiated). `infer_shape` runs when a n
 import numpy as np
 
 from course_lib.graph.node import Node, as_node
-
-
-class ShapeError(ValueError):
-    """Incompatible shapes, found while the graph is being defined."""
+from course_lib.tensor.tensor_data import ShapeError  # chapter 02's; here it is raised while the graph is defined
 
 
 def broadcast_shape(a, b, op):
@@ -361,6 +358,33 @@ def reduce_mean(a, dim=None, keepdim=False):
     return reduce_sum(a, dim, keepdim) / reduce_sum(ones_like(a), dim, keepdim)
 
 
-ALL = {op.name: op for op in [placeholder, constant, variable, assign, ones_like, zeros_like, add, sub, mul, div, greater,
-                              neg, exp, log, step, relu, sigmoid, matmul, transpose, softmax, _power, _sum,
-                              _reshape, reshape_like, _broadcast_like, _sum_to, softmax_cross_entropy]}
+
+# ---- Node's operators, attached here where the ops are defined (as TF1's math_ops does) --
+
+def _reshape_method(self, *shape):
+    return reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+
+
+Node.constant = staticmethod(constant)
+Node.__add__ = lambda self, other: add(self, other)
+Node.__radd__ = lambda self, other: add(other, self)
+Node.__sub__ = lambda self, other: sub(self, other)
+Node.__rsub__ = lambda self, other: sub(other, self)
+Node.__mul__ = lambda self, other: mul(self, other)
+Node.__rmul__ = lambda self, other: mul(other, self)
+Node.__truediv__ = lambda self, other: div(self, other)
+Node.__rtruediv__ = lambda self, other: div(other, self)
+Node.__matmul__ = lambda self, other: matmul(self, other)
+Node.__rmatmul__ = lambda self, other: matmul(other, self)
+Node.__neg__ = lambda self: neg(self)
+Node.__gt__ = lambda self, other: greater(self, other)
+Node.__lt__ = lambda self, other: greater(other, self)
+Node.__pow__ = lambda self, p: power(self, p)
+Node.sum = lambda self, dim=None, keepdim=False: reduce_sum(self, dim, keepdim)
+Node.mean = lambda self, dim=None, keepdim=False: reduce_mean(self, dim, keepdim)
+Node.reshape = _reshape_method
+Node.relu = lambda self: relu(self)
+Node.exp = lambda self: exp(self)
+Node.log = lambda self: log(self)
+Node.sigmoid = lambda self: sigmoid(self)
+Node.T = property(lambda self: transpose(self))

@@ -43,5 +43,15 @@ def lookup(op_type, opset, domain=""):
     return usable[-1][1], usable[-1][2]
 
 
+def bind(graph, node):
+    """The kernel for `node` of `graph`, and the keyword arguments to call it with: the node's
+    attributes, plus `_n_outputs` (how many outputs the node has) for the kernels that take it."""
+    fn, accepted = lookup(node.op_type, graph.opsets.get(node.domain or "", graph.opset), node.domain)
+    attrs = dict(node.attrs)
+    if accepted is None or "_n_outputs" in accepted:
+        attrs["_n_outputs"] = len(node.outputs)
+    return fn, attrs
+
+
 def supported_ops():
     return sorted(op if not d else f"{d}.{op}" for d, op in KERNELS)

@@ -9,7 +9,8 @@ from . import ops  # noqa: F401  (fills the registry)
 from .arena import keep_freed_memory
 from .ir import Graph
 from .load import load
-from .registry import lookup
+from .passes import optimize as run_passes
+from .registry import bind
 from .schedule import last_uses, topological_order
 from .validate import check_feeds, check_graph
 
@@ -49,7 +50,6 @@ class InferenceSession:
         graph = model.copy() if isinstance(model, Graph) else load(model)
         check_graph(graph)
         if optimize:
-            from .passes import optimize as run_passes
             graph = run_passes(graph, input_shapes)
             check_graph(graph)
         self.graph = graph
@@ -60,14 +60,7 @@ class InferenceSession:
         for name, k in last.items():
             if name not in graph.initializers:
                 self.frees[k].append(name)
-        self.steps = [self._bind(node) for node in self.order]
-
-    def _bind(self, node):
-        fn, accepted = lookup(node.op_type, self.graph.opsets.get(node.domain or "", self.graph.opset), node.domain)
-        attrs = dict(node.attrs)
-        if accepted is None or "_n_outputs" in accepted:
-            attrs["_n_outputs"] = len(node.outputs)
-        return fn, attrs
+        self.steps = [bind(graph, node) for node in self.order]
 
     def get_inputs(self):
         return [_node_arg(v) for v in self.graph.inputs]

@@ -51,12 +51,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import math
 
 from course_lib.tensor.tensor_data import TensorData
-
-SQRT_2 = math.sqrt(2.0)
-INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 #: unary ops for `map`, and the scalar function each one computes
 MAP_OPS = {

@@ -5,8 +5,9 @@ A `TensorData` is a flat 1-D numpy array (the storage) plus three numbers per vi
 sits at `storage[offset + sum(index[i] * strides[i])]`. Views (permute, expand,
 slicing, reshape of contiguous data) make a new TensorData over the same storage.
 
-The index helpers below are plain loops over integer sequences, written so that
-Numba can compile them unchanged for the CPU and CUDA backends.
+The index helpers below are plain loops over integer sequences. `position`, the one
+the compiled kernels need, is compiled unchanged by Numba: with `njit` for the CPU
+backend (fast/indexing.py) and with `cuda.jit(device=True)` for the CUDA backend.
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ def broadcast_index(big_index, big_shape, shape, out_index):
     extra = len(big_shape) - len(shape)
     for i in range(len(shape)):
         out_index[i] = 0 if shape[i] == 1 else big_index[i + extra]
+
+
+def position(ordinal, shape, strides, offset):
+    """Ordinal (row-major over `shape`) -> position in storage of the view (strides, offset):
+    to_index and index_to_position in one loop, with no index array (what a kernel wants)."""
+    pos = np.int64(offset)
+    rest = np.int64(ordinal)  # a Numba prange index may be unsigned; uint64 mixed with int64 gives float64
+    for d in range(len(shape) - 1, -1, -1):
+        pos += (rest % shape[d]) * strides[d]
+        rest //= shape[d]
+    return pos
 
 
 def contiguous_strides(shape) -> tuple:

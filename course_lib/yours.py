@@ -18,8 +18,8 @@ import importlib.util
 import io
 import sys
 
-from course_lib.yours import store
-from course_lib.yours.capture import defined_here, module_source
+from course_lib import keep as store
+from course_lib.checks import CheckFailed
 
 _choice = {}  # chapter -> True (the learner's pieces, the default) or False (the course's)
 
@@ -27,15 +27,6 @@ _choice = {}  # chapter -> True (the learner's pieces, the default) or False (th
 def use(chapter, yours=True):
     """Choose, for one chapter, the learner's saved pieces (default) or the course's reference."""
     _choice[chapter] = bool(yours)
-
-
-def record(chapter, exercise, args, kwargs):
-    """Called by a check that has just passed: save the notebook-defined functions it was given."""
-    values = list(args) + list(kwargs.values())
-    names = [getattr(defined_here(v), "__name__", None) for v in values]
-    if not any(names):
-        return None
-    return store.save(chapter, exercise, names, module_source(values))
 
 
 def load(chapter):
@@ -53,8 +44,6 @@ def load(chapter):
 
 def _verify(chapter, exercise, args):
     """Run the exercise's check again on the saved functions; CheckFailed names the piece if they fail."""
-    from course_lib.checks import CheckFailed
-
     check = getattr(importlib.import_module(f"course_lib.checks.ch{chapter}"), exercise)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
