@@ -110,8 +110,18 @@ def im2col_offsets_first(x, kh, kw, stride=1, padding=0, dilation=1):
     return cols.reshape(N, x.shape[1], kh * kw, L).transpose(1, 2).reshape(N, K, L)
 
 
+def im2col_dilate_rows_only(x, kh, kw, stride=1, padding=0, dilation=1):
+    return F.unfold(x, (kh, kw), dilation=(dilation, 1), padding=padding, stride=stride)
+
+
+def im2col_stride_rows_only(x, kh, kw, stride=1, padding=0, dilation=1):
+    return F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=(stride, 1))
+
+
 @pytest.mark.parametrize("wrong, hint", [(im2col_flipped, "differs"), (im2col_pad_plus_one, "padding off by one"),
-                                         (im2col_offsets_first, "channel first")])
+                                         (im2col_offsets_first, "channel first"),
+                                         (im2col_dilate_rows_only, "wrong shape"),
+                                         (im2col_stride_rows_only, "wrong shape")])
 def test_im2col_rejects(wrong, hint):
     expect_failure(check.im2col, wrong, match=hint)
 

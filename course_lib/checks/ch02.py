@@ -459,9 +459,13 @@ def matmul_backward(matmul_backward):
 @exercise
 def softmax_cross_entropy(log_softmax, cross_entropy):
     """Stable log_softmax over the last axis and mean cross-entropy, vs torch, with huge logits."""
-    for scale in (1.0, 30.0, 1000.0):
+    for scale in (1.0, 30.0, 1000.0, "rows apart"):
         batch, classes = int(rng().integers(3, 9)), int(rng().integers(3, 11))
-        x = random_array((batch, classes)) * scale
+        if scale == "rows apart":  # fixed: rows 1500 apart, so only each row's OWN max keeps exp finite
+            x = random_array((3, classes)) + np.array([[0.0], [-1500.0], [800.0]])
+            batch = 3
+        else:
+            x = random_array((batch, classes)) * scale
         target = rng().integers(0, classes, batch)
         tx = _t(x)
         expected = torch.log_softmax(tx, -1).numpy()
@@ -471,10 +475,12 @@ def softmax_cross_entropy(log_softmax, cross_entropy):
             yours = log_softmax(x)
         finite = yours is not None and np.isfinite(np.asarray(yours, dtype=np.float64)).all()
         require(yours is None or finite,
-                f"your log_softmax gave inf or nan on logits up to {np.abs(x).max():.0f}: it is unstable, "
-                "exp overflows for large logits.",
-                hint="subtract the row max m first: x - m - log(sum(exp(x - m))).")
-        assert_close(yours, expected, what=f"log_softmax of logits with scale {scale:g}", rtol=1e-9, atol=1e-9,
+                f"your log_softmax gave inf or nan on logits up to {np.abs(x).max():.0f}"
+                + (" whose rows lie 1500 apart: exp underflows to 0 in the rows far below the batch's max."
+                   if scale == "rows apart" else ": it is unstable, exp overflows for large logits."),
+                hint="subtract each row's OWN max m (keepdims=True), not the max of the whole batch: "
+                     "x - m - log(sum(exp(x - m))).")
+        assert_close(yours, expected, what=f"log_softmax of logits with scale {scale}", rtol=1e-9, atol=1e-9,
                      mistakes={"unstable: exp overflows for large logits. Subtract the row max first": naive,
                                "normalise over the last axis (axis=-1, keepdims=True), one row per example":
                                wrong_axis},
@@ -482,11 +488,11 @@ def softmax_cross_entropy(log_softmax, cross_entropy):
         with np.errstate(all="ignore"):
             ce = cross_entropy(x, target)
         exp_ce = torch.nn.functional.cross_entropy(tx, torch.tensor(target)).item()
-        assert_close(ce, exp_ce, what=f"cross_entropy with scale {scale:g}", rtol=1e-9,
+        assert_close(ce, exp_ce, what=f"cross_entropy with scale {scale}", rtol=1e-9,
                      mistakes={"take the MEAN over the batch, not the sum": exp_ce * batch,
                                "cross-entropy is MINUS the log-probability of the target": -exp_ce},
                      hint="pick log_softmax(x)[i, target[i]] for each row i, negate, average.")
-    return "3 batches, logits up to 1000"
+    return "3 batches, logits up to 1000, and rows 1500 apart"
 
 
 # ------------------------------------------------------------------ Linear module
