@@ -17,10 +17,11 @@ LEARNER := .learner-path
 lab: $(STAMP)
 	$(BIN)/course lab
 
-# Everything: course_lib unit tests, checks against wrong implementations, nbval over the
+# Everything: the linter, course_lib unit tests, checks against wrong implementations, nbval over the
 # lessons and solutions (staged as a learner's workspace), the inverted run over the exercises,
 # and the browser test.
 test: $(STAMP)
+	$(BIN)/ruff check course_lib tests benchmarks
 	$(BIN)/course build --check
 	$(BIN)/course stage $(LEARNER)
 	$(TEST_ENV) COURSE_WORKSPACE=$(CURDIR)/$(LEARNER) $(PYTEST) tests $(LEARNER)/notebooks $(LEARNER)/exercises $(PYTEST_ARGS)

@@ -13,7 +13,8 @@ import gc
 import random
 import time
 
-from micrograd import engine as mg_engine, nn as mg_nn
+from micrograd import engine as mg_engine
+from micrograd import nn as mg_nn
 
 from course_lib import autograd
 from course_lib.data import make_moons

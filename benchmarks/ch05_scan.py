@@ -21,8 +21,7 @@ import torch
 
 from course_lib.gpt.model import GPT, GPTConfig, KVCache
 from course_lib.mamba import Mamba, MambaCache, MambaConfig
-from course_lib.mamba.scan import (discretize, readout, selective_scan_chunked, selective_scan_parallel,
-                                   selective_scan_sequential)
+from course_lib.mamba.scan import discretize, readout, selective_scan_chunked, selective_scan_parallel, selective_scan_sequential
 
 
 def sync(device):

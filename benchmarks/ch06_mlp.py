@@ -7,8 +7,6 @@ Run by benchmarks/ch06_numba_cpu.py, which starts one process per measurement.
 import sys
 import time
 
-import numpy as np
-
 from course_lib.data import load_digits
 
 HIDDEN, BATCH, EPOCHS = 256, 64, 3

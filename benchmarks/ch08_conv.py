@@ -23,7 +23,8 @@ import numba
 import torch
 import torch.nn.functional as F
 
-from course_lib.ops import conv, functions as fn
+from course_lib.custom_ops import conv
+from course_lib.custom_ops import functions as fn
 
 CASES = {
     "digits   x(64,1,8,8)    w(16,1,3,3)": ((64, 1, 8, 8), (16, 1, 3, 3)),
@@ -67,7 +68,8 @@ def main():
             t_ref = best_of(lambda: F.conv2d(x, w, b, 1, 1), args.repeat)
             t_col = best_of(lambda: conv.conv2d_im2col(x, w, b, 1, 1), args.repeat)
             t_nb = best_of(lambda: fn.conv2d_numba(x, w, b, 1, 1), args.repeat)
-            print(f"{name:40s} {t_ref * 1e3:9.3f} {t_col * 1e3:9.3f} {t_col / t_ref:6.1f}x {t_nb * 1e3:9.3f} {t_nb / t_ref:6.1f}x")
+            print(f"{name:40s} {t_ref * 1e3:9.3f} {t_col * 1e3:9.3f} {t_col / t_ref:6.1f}x "
+                  f"{t_nb * 1e3:9.3f} {t_nb / t_ref:6.1f}x")
             if torch.cuda.is_available():
                 xg, wg, bg = x.cuda(), w.cuda(), b.cuda()
                 sync = torch.cuda.synchronize

@@ -22,12 +22,12 @@ _threads = sys.argv[sys.argv.index("--threads") + 1] if "--threads" in sys.argv 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = _threads
 
-import numpy as np
-import onnxruntime as ort
-import torch
+import numpy as np  # noqa: E402  (after the thread variables are set)
+import onnxruntime as ort  # noqa: E402  (after the thread variables are set)
+import torch  # noqa: E402  (after the thread variables are set)
 
-from course_lib.infer import InferenceSession
-from course_lib.infer.models import MLP, course_cnn, course_gpt, export, train_digits
+from course_lib.infer import InferenceSession  # noqa: E402  (after the thread variables are set)
+from course_lib.infer.models import MLP, course_cnn, course_gpt, export, train_digits  # noqa: E402  (after the thread variables are set)
 
 
 def side_by_side(fns, repeats):

@@ -11,7 +11,6 @@ In solutions/NN_topic.ipynb the reference answer of each exercise sits between
 """
 
 import re
-from pathlib import Path
 
 import nbformat
 

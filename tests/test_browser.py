@@ -7,7 +7,6 @@ the test is skipped, visibly, when chromium is missing; in CI it must run.
 
 import json
 import os
-import re
 import secrets
 import shutil
 import socket

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from checking import expect_failure
+
 from course_lib.checks import ch00 as check
 
 

@@ -3,12 +3,11 @@
 import math
 
 import pytest
-
 from checking import expect_failure
+
 from course_lib.autograd import Value
 from course_lib.checks import ch01 as check
 from course_lib.checks.ch01 import svm_loss
-
 
 # ---- reference answers -------------------------------------------------------------------
 

@@ -5,10 +5,12 @@ import random
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from micrograd import engine as mg_engine
+from micrograd import nn as mg_nn
 
 from course_lib.autograd import MLP, Layer, Neuron, Value, graph_of, topological_order
-from micrograd import engine as mg_engine, nn as mg_nn
 
 
 def expression(a, b):

@@ -3,15 +3,14 @@
 import operator
 
 import numpy as np
+from checking import expect_failure
 
 import course_lib.tensor as ct
-from checking import expect_failure
 from course_lib.checks import ch02 as check
 from course_lib.tensor import nn
 from course_lib.tensor.autodiff import Function
 from course_lib.tensor.functions import unbroadcast
 from course_lib.tensor.tensor_data import TensorData, index_to_position, to_index
-
 
 # ------------------------------------------------------------------ references
 

@@ -2,22 +2,21 @@
 
 import numpy as np
 import pytest
-
 from checking import expect_failure
+
 from course_lib import graph as G
 from course_lib.checks import ch03 as check
 from course_lib.graph import ops
 
-
 # ---- reference answers (as a learner would write them) ----
 
 def topo_ref(outputs):
-    return G.topo_order(outputs)
+    return G.topological_order(outputs)
 
 
 def run_ref(fetches, feed):
     values = {}
-    for node in G.topo_order(fetches):
+    for node in G.topological_order(fetches):
         if node.op.name == "placeholder":
             values[node] = np.asarray(feed[node], dtype=float)
         elif node.op.name == "variable":
@@ -46,7 +45,7 @@ def train_ref(sess, loss, train_ops, feed, steps):
 
 
 def test_references_pass():
-    check.topo_order(topo_ref)
+    check.topological_order(topo_ref)
     check.run_graph(run_ref)
     check.mul_gradient(mul_ref)
     check.matmul_gradient(matmul_ref)
@@ -92,13 +91,13 @@ def topo_no_seen(outputs):
 
 
 def topo_preorder(outputs):
-    return list(reversed(G.topo_order(outputs)))
+    return list(reversed(G.topological_order(outputs)))
 
 
 @pytest.mark.parametrize("wrong, hint", [(topo_recursive, "RecursionError"), (topo_whole_graph, "do not need"),
                                          (topo_no_seen, "more than once"), (topo_preorder, "before its input")])
 def test_topo_order_rejects(wrong, hint):
-    expect_failure(check.topo_order, wrong, match=hint)
+    expect_failure(check.topological_order, wrong, match=hint)
 
 
 def run_everything(fetches, feed):
@@ -116,7 +115,7 @@ def run_everything(fetches, feed):
 
 def run_variables_as_zero(fetches, feed):
     values = {}
-    for node in G.topo_order(fetches):
+    for node in G.topological_order(fetches):
         if node.op.name == "placeholder":
             values[node] = feed[node]
         elif node.op.name == "variable":
@@ -177,7 +176,7 @@ def test_sum_gradient_rejects_positive_dims_only():
 
 def gradients_forward_order(y, xs):
     adj = {y: ops.ones_like(y)}
-    for node in G.topo_order([y]):
+    for node in G.topological_order([y]):
         if node in adj and node.inputs:
             for inp, gi in zip(node.inputs, node.op.gradient(node, adj[node])):
                 if gi is not None:

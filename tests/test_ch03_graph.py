@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from course_lib import graph as G
 from course_lib.graph import passes

@@ -4,11 +4,10 @@ import math
 
 import pytest
 import torch
-
 from checking import expect_failure
+
 from course_lib.checks import ch04 as check
 from course_lib.gpt.tokenizers import merge
-
 
 # ---- references, written as a learner would ---------------------------------------------
 

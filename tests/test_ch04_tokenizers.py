@@ -1,6 +1,7 @@
 """The char and byte-level BPE tokenizers: round trips for any string, and merges as specified."""
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from course_lib.gpt.tokenizers import SPLIT, BPETokenizer, CharTokenizer, merge, pair_counts
 

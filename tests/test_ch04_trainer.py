@@ -5,8 +5,16 @@ import math
 import pytest
 import torch
 
-from course_lib.gpt import (TrainConfig, configure_optimizer, load_checkpoint, lr_at, make_get_batch,
-                            save_checkpoint, train, train_step)
+from course_lib.gpt import (
+    TrainConfig,
+    configure_optimizer,
+    load_checkpoint,
+    lr_at,
+    make_get_batch,
+    save_checkpoint,
+    train,
+    train_step,
+)
 from course_lib.gpt.model import GPT, GPTConfig
 
 
@@ -89,7 +97,8 @@ def test_checkpoint_round_trip_with_weights_only(tmp_path):
     fresh = GPT(GPTConfig(**load_checkpoint(tmp_path / "ck.pt")["model_config"]))
     opt2 = configure_optimizer(fresh, cfg)
     ckpt = load_checkpoint(tmp_path / "ck.pt", fresh, opt2)
-    assert ckpt["iter_num"] == 3 and TrainConfig(**ckpt["train_config"]) == TrainConfig(**{**vars(cfg), "betas": tuple(cfg.betas)})
+    assert ckpt["iter_num"] == 3
+    assert TrainConfig(**ckpt["train_config"]) == TrainConfig(**{**vars(cfg), "betas": tuple(cfg.betas)})
     for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
         assert torch.equal(a, b)
     assert opt2.state_dict()["state"].keys() == opt.state_dict()["state"].keys()

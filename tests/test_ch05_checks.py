@@ -2,13 +2,13 @@
 
 import torch
 import torch.nn.functional as F
-
 from checking import expect_failure
+
 from course_lib.checks import ch05 as check
-from course_lib.mamba import causal_conv1d as ref_conv, combine as ref_combine
+from course_lib.mamba import causal_conv1d as ref_conv
+from course_lib.mamba import combine as ref_combine
 from course_lib.mamba.scan import selective_scan_sequential
 from course_lib.mamba.ssm import discretize_euler, discretize_zoh
-
 
 # ---- references, written as a learner would ---------------------------------------------
 
@@ -22,12 +22,12 @@ def parallel_scan(a, b, combine):
 
 
 def block_forward(blk, u, softplus_first=False, gate=True, leak=False):
-    D, K = blk.cfg.d_inner, blk.cfg.d_conv
+    D, K = blk.config.d_inner, blk.config.d_conv
     x, z = blk.in_proj(u).chunk(2, dim=-1)
     xt = x.transpose(1, 2)
     pad = (0, K - 1) if leak else (K - 1, 0)
     x = F.silu(F.conv1d(F.pad(xt, pad), blk.conv1d.weight, blk.conv1d.bias, groups=D)).transpose(1, 2)
-    dt, B, C = blk.x_proj(x).split([blk.cfg.dt_rank, blk.cfg.d_state, blk.cfg.d_state], -1)
+    dt, B, C = blk.x_proj(x).split([blk.config.dt_rank, blk.config.d_state, blk.config.d_state], -1)
     delta = blk.dt_proj(F.softplus(dt)) if softplus_first else F.softplus(blk.dt_proj(dt))
     y = selective_scan_sequential(x, delta, -torch.exp(blk.A_log), B, C, blk.D)
     return blk.out_proj(y * F.silu(z) if gate else y)
@@ -38,7 +38,7 @@ def mamba_step(blk, u, conv_state, ssm_state, skip=True, shift=True, exp=True, g
     window = torch.cat([conv_state, x[:, :, None]], -1)
     conv_state = window if grow else window[:, :, 1:] if shift else conv_state
     x = F.silu((window * blk.conv1d.weight[:, 0]).sum(-1) + blk.conv1d.bias)
-    dt, B, C = blk.x_proj(x).split([blk.cfg.dt_rank, blk.cfg.d_state, blk.cfg.d_state], -1)
+    dt, B, C = blk.x_proj(x).split([blk.config.dt_rank, blk.config.d_state, blk.config.d_state], -1)
     delta = F.softplus(blk.dt_proj(dt))
     dA = delta[..., None] * -torch.exp(blk.A_log)
     h = (torch.exp(dA) if exp else dA) * ssm_state + delta[..., None] * B[:, None] * x[..., None]

@@ -11,16 +11,16 @@ transformers = pytest.importorskip("transformers")
 
 def random_model(seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = MambaConfig(**{**dict(vocab_size=37, d_model=24, n_layer=2, d_state=5, d_conv=3), **kw})
-    model = Mamba(cfg)
+    config = MambaConfig(**{**dict(vocab_size=37, d_model=24, n_layer=2, d_state=5, d_conv=3), **kw})
+    model = Mamba(config)
     with torch.no_grad():     # weights far from the init, so every parameter matters
         for name, p in model.named_parameters():
             p.add_(torch.randn_like(p) * 0.2)
     return model.eval()
 
 
-def hf_model(cfg):
-    hf = transformers.MambaForCausalLM(transformers.MambaConfig(**cfg.hf_kwargs()))
+def hf_model(config):
+    hf = transformers.MambaForCausalLM(transformers.MambaConfig(**config.hf_kwargs()))
     return hf.eval()
 
 
@@ -43,10 +43,10 @@ def test_logits_equal_hugging_face(scan):
 
 
 def test_hugging_face_weights_load_into_ours():
-    cfg = MambaConfig(vocab_size=31, d_model=16, n_layer=3, d_state=4)
+    config = MambaConfig(vocab_size=31, d_model=16, n_layer=3, d_state=4)
     torch.manual_seed(5)
-    hf = hf_model(cfg)
-    model = Mamba(cfg).eval()
+    hf = hf_model(config)
+    model = Mamba(config).eval()
     model.load_state_dict(hf.state_dict())
     idx = torch.randint(0, 31, (2, 11))
     with torch.no_grad():
@@ -82,8 +82,8 @@ def test_forward_signature_trains_with_the_chapter_04_loop():
 
     tokens = torch.arange(400) % 7          # a periodic sequence a model can learn quickly
     model = Mamba(MambaConfig(vocab_size=7, d_model=16, n_layer=1, d_state=4))
-    cfg = TrainConfig(max_iters=30, lr=1e-2, warmup_iters=3, lr_decay_iters=30, eval_interval=10, eval_iters=2)
-    hist = train(model, make_get_batch(tokens, 16, 4), cfg, progress=False)
+    config = TrainConfig(max_iters=30, lr=1e-2, warmup_iters=3, lr_decay_iters=30, eval_interval=10, eval_iters=2)
+    hist = train(model, make_get_batch(tokens, 16, 4), config, progress=False)
     assert hist["eval_iter"] == [0, 10, 20, 30]           # evaluated before training, so there is a baseline
     assert hist["val_loss"][-1] < 0.5 * hist["val_loss"][0]
     assert hist["loss"][-1] < 1.0
@@ -92,12 +92,12 @@ def test_forward_signature_trains_with_the_chapter_04_loop():
 def test_time_invariant_option_ignores_the_input():
     """selective=False: Δ, B, C are the same at every position and for every input; the model still runs."""
     torch.manual_seed(0)
-    cfg = MambaConfig(vocab_size=11, d_model=16, n_layer=2, d_state=5, selective=False)
-    block = Mamba(cfg).backbone.layers[0].mixer
+    config = MambaConfig(vocab_size=11, d_model=16, n_layer=2, d_state=5, selective=False)
+    block = Mamba(config).backbone.layers[0].mixer
     assert not hasattr(block, "x_proj") and block.B.shape == block.C.shape == (5,)
-    x1, x2 = torch.randn(2, 9, cfg.d_inner), torch.randn(2, 9, cfg.d_inner) * 3
+    x1, x2 = torch.randn(2, 9, config.d_inner), torch.randn(2, 9, config.d_inner) * 3
     p1, p2 = block.ssm_params(x1), block.ssm_params(x2)
-    for a, b, width in zip(p1, p2, (cfg.d_inner, 5, 5)):
+    for a, b, width in zip(p1, p2, (config.d_inner, 5, 5)):
         assert a.shape == (2, 9, width)
         torch.testing.assert_close(a, b, rtol=0, atol=0)                          # whatever the input
         torch.testing.assert_close(a, a[:1, :1].expand_as(a), rtol=0, atol=0)     # at every position

@@ -1,15 +1,20 @@
 """The three selective scans agree, the SSM's recurrence equals its convolution, ZOH is exact."""
 
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from course_lib.mamba import ssm
-from course_lib.mamba.scan import (associative_scan, combine, selective_scan_chunked, selective_scan_parallel,
-                                   selective_scan_sequential)
+from course_lib.mamba.scan import (
+    associative_scan,
+    combine,
+    selective_scan_chunked,
+    selective_scan_parallel,
+    selective_scan_sequential,
+)
 
 
 def inputs(b, L, D, N, seed, dtype=torch.float32):
@@ -80,7 +85,8 @@ def test_zoh_matches_matrix_exponential():
 def test_recurrence_equals_convolution():
     g = torch.Generator().manual_seed(2)
     N, L = 5, 77
-    A, B, C = -torch.rand(N, generator=g, dtype=torch.float64) - 0.05, torch.randn(N, generator=g, dtype=torch.float64), torch.randn(N, generator=g, dtype=torch.float64)
+    A = -torch.rand(N, generator=g, dtype=torch.float64) - 0.05
+    B, C = torch.randn(N, generator=g, dtype=torch.float64), torch.randn(N, generator=g, dtype=torch.float64)
     A_bar, B_bar = ssm.discretize_zoh(A, B, 0.3)
     u = torch.randn(L, generator=g, dtype=torch.float64)
     K = ssm.ssm_kernel(A_bar, B_bar, C, L)

@@ -1,13 +1,12 @@
 """Chapter 06's checks pass on reference kernels and reject plausible mistakes."""
 
-import numpy as np
 import numba
+import numpy as np
 import pytest
+from checking import expect_failure
 from numba import njit, prange
 
-from checking import expect_failure
 from course_lib.checks import ch06 as check
-
 
 # ---- reference answers (the same code as solutions/06_numba_cpu.ipynb) ----------------------
 

@@ -6,12 +6,12 @@ barrier, a halo or a partial tile forgotten. Kernels use the module-level `cuda`
 
 import numpy as np
 import pytest
-
 from checking import expect_failure
+from numba import cuda, float32
+
 from course_lib.checks import ch07 as check
 from course_lib.cuda import matmul as M
 from course_lib.cuda import puzzles as P
-from numba import cuda, float32
 
 TPB = 8
 TILE = 8

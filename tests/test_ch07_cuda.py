@@ -2,14 +2,15 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numba import cuda, float32
 
 from course_lib.cuda import LaunchError, launch
 from course_lib.cuda import matmul as M
 from course_lib.cuda import puzzles as P
 from course_lib.cuda import scan as S
-from course_lib.cuda.trace import TraceError, trace
-from numba import cuda, float32
+from course_lib.cuda.trace import KernelTraceError, trace
 
 
 @pytest.fixture
@@ -151,9 +152,9 @@ def test_trace_flags_what_the_simulator_misses(rng):
         if i < a.size:
             out[i] = a[i - 1]
 
-    with pytest.raises(TraceError, match="negative index"):
+    with pytest.raises(KernelTraceError, match="negative index"):
         trace(shift_left, 1, 8, a=rng.standard_normal(8), out=np.zeros(8))
-    with pytest.raises(TraceError, match="out of bounds"):
+    with pytest.raises(KernelTraceError, match="out of bounds"):
         trace(P.k_map_add10, 1, 9, a=rng.standard_normal(8), out=np.zeros(8))
 
 

@@ -5,10 +5,10 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-
 from checking import expect_failure
+
 from course_lib.checks import ch08 as check
-from course_lib.ops import conv
+from course_lib.custom_ops import conv
 
 
 def dims(x):
@@ -205,7 +205,6 @@ def test_stub_is_reported_as_not_implemented():
 # ---- the Numba conv2d kernel ---------------------------------------------------------------
 
 import numba  # noqa: E402
-import numpy as np  # noqa: E402
 
 
 @numba.njit(cache=True)

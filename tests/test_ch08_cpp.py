@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from course_lib.ops import cpp
+from course_lib.custom_ops import cpp
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("ninja") is None
                                 and not __import__("importlib.util").util.find_spec("ninja"),

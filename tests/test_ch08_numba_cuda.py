@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.ops import numba_cuda as nc
+from course_lib.custom_ops import numba_cuda as nc
 
 torch.set_num_threads(1)
 

@@ -1,17 +1,20 @@
-"""course_lib.ops against torch.nn.functional in float64: conv2d and max pooling, forward and backward.
+"""course_lib.custom_ops against torch.nn.functional in float64: conv2d and max pooling, forward and backward.
 
 Every variant (loops, im2col, Numba, the custom_op) must give F.conv2d's output and gradients on
-random shapes with stride, padding and dilation, and pass gradcheck; the custom ops pass opcheck
-and trace into torch.compile without a graph break.
+random shapes with stride, padding and dilation, each an int or an (h, w) pair as F.conv2d takes
+them, and pass gradcheck; the custom ops pass opcheck and trace into torch.compile without a graph break.
 """
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from course_lib.ops import conv, functions as fn, library as lib
+from course_lib.custom_ops import conv
+from course_lib.custom_ops import functions as fn
+from course_lib.custom_ops import library as lib
 
 torch.set_num_threads(1)
 
@@ -19,13 +22,18 @@ CONVS = {"loops": conv.conv2d_loops, "im2col": fn.conv2d_im2col, "numba": fn.con
 POOLS = {"torch code": fn.max_pool2d, "numba": fn.max_pool2d_numba}
 
 
+def int_or_pair(lo, hi):
+    return st.integers(lo, hi) | st.tuples(st.integers(lo, hi), st.integers(lo, hi))
+
+
 @st.composite
 def conv_cases(draw):
     n, c, o = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 5))
     kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
-    stride, padding, dilation = draw(st.integers(1, 3)), draw(st.integers(0, 2)), draw(st.integers(1, 2))
-    h = draw(st.integers(dilation * (kh - 1) + 1, 11))
-    w = draw(st.integers(dilation * (kw - 1) + 1, 11))
+    stride, padding, dilation = draw(int_or_pair(1, 3)), draw(int_or_pair(0, 2)), draw(int_or_pair(1, 2))
+    dh, dw = conv._pair(dilation)
+    h = draw(st.integers(dh * (kh - 1) + 1, 11))
+    w = draw(st.integers(dw * (kw - 1) + 1, 11))
     seed = draw(st.integers(0, 2**16))
     return (n, c, h, w), (o, c, kh, kw), dict(stride=stride, padding=padding, dilation=dilation), seed
 
@@ -47,6 +55,30 @@ def test_conv_matches_torch_forward_and_backward(name, case):
     dy = tensors(seed + 1, ref.shape)[0].detach()
     for mine, theirs in zip(torch.autograd.grad(y, (x, w, b), dy), torch.autograd.grad(ref, (x, w, b), dy)):
         torch.testing.assert_close(mine, theirs)
+
+
+ASYMMETRIC = [dict(stride=(2, 1)), dict(padding=(1, 2)), dict(dilation=(2, 1)),
+              dict(stride=(1, 3), padding=(2, 0), dilation=(1, 2)),        # every argument a pair
+              dict(stride=(3, 2), padding=1, dilation=(1, 2))]             # ints and pairs mixed
+
+
+@pytest.mark.parametrize("c", ASYMMETRIC, ids=str)
+@pytest.mark.parametrize("name", CONVS)
+def test_conv_asymmetric_stride_padding_dilation(name, c):
+    """A different stride, padding or dilation along h and w: forward, dx, dw and db as F.conv2d's."""
+    x, w, b = tensors(9, (3, 3, 11, 9), (5, 3, 3, 3), (5,))
+    ref = F.conv2d(x, w, b, **c)
+    y = CONVS[name](x, w, b, **c)
+    torch.testing.assert_close(y, ref)
+    dy = tensors(10, ref.shape)[0].detach()
+    for mine, theirs in zip(torch.autograd.grad(y, (x, w, b), dy), torch.autograd.grad(ref, (x, w, b), dy)):
+        torch.testing.assert_close(mine, theirs)
+
+
+def test_pair_is_how_conv2d_reads_its_arguments():
+    assert conv._pair(2) == (2, 2) and conv._pair((2, 1)) == (2, 1) and conv._pair([1, 3]) == (1, 3)
+    with pytest.raises(ValueError):
+        conv._pair((1, 2, 3))
 
 
 @pytest.mark.parametrize("name", CONVS)
@@ -103,15 +135,17 @@ def test_numba_wrapper_shares_memory():
 def test_opcheck():
     x, w, b = tensors(6, (2, 2, 5, 4), (3, 2, 3, 2), (3,))
     torch.library.opcheck(lib.conv2d, (x, w, b, 2, 1, 2))
+    torch.library.opcheck(lib.conv2d, (x, w, b, (2, 1), (1, 2), (2, 1)))
     torch.library.opcheck(lib.bias_relu, (x, tensors(7, (2,))[0]))
 
 
-def test_custom_ops_trace_into_torch_compile_without_graph_breaks():
+@pytest.mark.parametrize("conf", [(1, 1, 1), ((2, 1), (1, 2), (1, 2))], ids=["ints", "pairs"])
+def test_custom_ops_trace_into_torch_compile_without_graph_breaks(conf):
     """aot_eager runs the fake impls and the registered autograd through the compiler's tracing
     (Dynamo + AOTAutograd) with fullgraph=True; the lesson shows the inductor backend too."""
     torch._dynamo.reset()
     x, w, b = tensors(8, (2, 3, 7, 6), (4, 3, 3, 3), (4,))
-    net = lambda x, w, b: lib.bias_relu(lib.conv2d(x, w, torch.zeros_like(b), 1, 1, 1), b).square().sum()
+    net = lambda x, w, b: lib.bias_relu(lib.conv2d(x, w, torch.zeros_like(b), *conf), b).square().sum()
     compiled = torch.compile(net, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(x, w, b), net(x, w, b))
     for g, r in zip(torch.autograd.grad(compiled(x, w, b), (x, w, b)), torch.autograd.grad(net(x, w, b), (x, w, b))):

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from checking import expect_failure, expect_pass
+
 from course_lib.checks import ch09 as check
 from course_lib.infer.ir import Node
 from course_lib.infer.ops.linalg import gemm, softmax

@@ -7,12 +7,23 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from course_lib.infer import (Graph, InferenceSession, InvalidGraph, InvalidInput, Node, UnknownOp, Value, load,
-                              to_onnx, topological_order)
-from course_lib.infer import passes
+from course_lib.infer import (
+    Graph,
+    InferenceSession,
+    InvalidGraph,
+    InvalidInput,
+    Node,
+    UnknownOp,
+    Value,
+    load,
+    passes,
+    to_onnx,
+    topological_order,
+)
 from course_lib.infer.memory import memory_plan
 from course_lib.infer.models import MLP, course_cnn, course_gpt, course_mamba, export, train_digits
 from course_lib.infer.profile import format_table, profile
@@ -169,9 +180,9 @@ def exported():
 
 
 def test_the_models_are_the_course_s():
+    from course_lib.custom_ops.cnn import DigitsCNN
     from course_lib.gpt.model import GPT
     from course_lib.mamba import Mamba
-    from course_lib.ops.cnn import DigitsCNN
     assert isinstance(course_gpt(n_layer=1, n_embd=16, block_size=8).model, GPT)
     assert isinstance(course_mamba(d_model=16, n_layer=1).model, Mamba)
     custom = DigitsCNN(custom=True)
@@ -184,7 +195,7 @@ def test_the_models_are_the_course_s():
 
 def test_custom_op_cnn_does_not_export():
     """Chapter 08's custom ops are autograd.Functions around numba kernels: the tracer cannot see inside."""
-    from course_lib.ops.cnn import DigitsCNN
+    from course_lib.custom_ops.cnn import DigitsCNN
     # the functions become opaque PythonOp nodes, on which torch's TorchScript exporter fails in a graph pass
     with pytest.raises(IndexError, match="Argument passed to at\\(\\) was not in the map"):
         export(DigitsCNN(custom=True), torch.randn(2, 1, 8, 8), ["x"], ["y"])
@@ -208,8 +219,8 @@ def test_mamba_matches_onnxruntime_up_to_its_export_length():
 
 
 def test_chunked_mamba_scan_does_not_export():
-    from course_lib.mamba import Mamba, MambaConfig
     from course_lib.infer.models import LogitsOnly
+    from course_lib.mamba import Mamba, MambaConfig
     m = LogitsOnly(Mamba(MambaConfig(vocab_size=65, d_model=16, n_layer=1, scan="chunked")))
     with pytest.raises(torch.onnx.errors.UnsupportedOperatorError, match="'aten::cumprod' to ONNX opset version 17"):
         export(m, torch.zeros(1, 16, dtype=torch.long), ["idx"], ["logits"])

@@ -1,7 +1,6 @@
 """Chapter 09's bigger fusions (elementwise regions, masked softmax), the arena, against onnxruntime."""
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper

@@ -4,7 +4,8 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from course_lib import checks, progress
 from course_lib.checks import CheckFailed, assert_close, assert_equal, exercise

@@ -14,7 +14,6 @@ import functools
 import os
 import secrets
 
-
 import numpy as np
 
 from course_lib import progress

@@ -9,7 +9,7 @@ course is compared with the nudging estimate of chapter 00.
 import numpy as np
 import torch
 
-from course_lib.checks import assert_close, exercise, require, rng, CheckFailed, fmt
+from course_lib.checks import assert_close, exercise, fmt, require, rng
 
 # Scalar test functions, each as (description, numpy function, torch function).
 _FUNCS = [
@@ -62,7 +62,7 @@ def _torch_derivative(tf, x):
 
 
 @exercise
-def numerical_derivative(numerical_derivative):
+def numerical_derivative(your_numerical_derivative):
     """Central difference f'(x) ~ (f(x+h) - f(x-h)) / 2h against PyTorch's exact derivative,
     and, with a wide step h, against the formula itself (so that h must be used)."""
     n = 0
@@ -70,7 +70,7 @@ def numerical_derivative(numerical_derivative):
         for x in rng().uniform(-2, 2, size=3):
             x = float(x)
             h = 1e-5
-            yours = numerical_derivative(f, x)
+            yours = your_numerical_derivative(f, x)
             expected = _torch_derivative(tf, x)
             forward = (f(x + h) - f(x)) / h
             assert_close(yours, expected, what=f"the derivative of f(x) = {desc} at x = {x:.6f}",
@@ -82,12 +82,12 @@ def numerical_derivative(numerical_derivative):
             n += 1
         # A wide step, drawn on every run: the answer must depend on h as the formula says.
         x = float(rng().uniform(-2, 2))
-        yours = numerical_derivative(f, x, WIDE_H)
+        yours = your_numerical_derivative(f, x, WIDE_H)
         expected = (f(x + WIDE_H) - f(x - WIDE_H)) / (2 * WIDE_H)
         assert_close(yours, expected, what=f"the central difference of f(x) = {desc} at x = {x:.6f} with h = {WIDE_H}",
                      rtol=1e-9, atol=1e-12,
                      mistakes={"your function ignores its argument h: use the h it is given, not a fixed step":
-                               numerical_derivative(f, x)},
+                               your_numerical_derivative(f, x)},
                      hint="with a wide step the estimate differs from the exact derivative; the check compares "
                           "with the formula at that same h.")
         n += 1
@@ -111,14 +111,14 @@ def _require_unchanged(x, x_before):
 
 
 @exercise
-def numerical_gradient(numerical_gradient):
+def numerical_gradient(your_numerical_gradient):
     """The gradient of f: R^shape -> R by central differences, one element at a time."""
     shapes = [(int(rng().integers(2, 8)),), (3, 5), (2, 3, 4)]
     for shape in shapes:
         f, tf = _vector_fn(rng(), shape)
         x = rng().uniform(-1.5, 1.5, size=shape)
         x_before = x.copy()
-        yours = numerical_gradient(f, x)
+        yours = your_numerical_gradient(f, x)
         _require_unchanged(x, x_before)
         t = torch.tensor(x, requires_grad=True)
         tf(t).backward()
@@ -131,7 +131,7 @@ def numerical_gradient(numerical_gradient):
     x = rng().uniform(-1.5, 1.5, size=shape)
     expected = reference_numerical_gradient(f, x.copy(), WIDE_H)
     x_before = x.copy()
-    yours = numerical_gradient(f, x, WIDE_H)
+    yours = your_numerical_gradient(f, x, WIDE_H)
     _require_unchanged(x, x_before)
     assert_close(yours, expected, what=f"the gradient for an input of shape {shape} with h = {WIDE_H}",
                  rtol=1e-9, atol=1e-12, inputs={"x": x},
@@ -141,7 +141,7 @@ def numerical_gradient(numerical_gradient):
 
 
 @exercise
-def gradient_check(gradient_check, numerical_gradient):
+def gradient_check(your_gradient_check, your_numerical_gradient):
     """max_i |g_i - n_i| / max(|g_i| + |n_i|, 1e-12) with n the numerical gradient."""
     shape = (3, int(rng().integers(3, 7)))
     f, tf = _vector_fn(rng(), shape)
@@ -153,11 +153,11 @@ def gradient_check(gradient_check, numerical_gradient):
         return t.grad.numpy()
 
     # gradient_check is built on numerical_gradient: make sure that one is right first.
-    mine = numerical_gradient(f, x.copy())
+    mine = your_numerical_gradient(f, x.copy())
     assert_close(mine, true_grad(x), what="your numerical_gradient (which gradient_check uses)", rtol=1e-6, atol=1e-7,
                  hint="fix numerical_gradient first: its check, just above, tells you how.")
 
-    good = gradient_check(f, true_grad, x)
+    good = your_gradient_check(f, true_grad, x)
     require(np.ndim(good) == 0, f"gradient_check should return one number (the worst element), got {fmt(good)}.",
             hint="take the max over all elements.")
     require(0 <= float(good) < 1e-6,
@@ -165,11 +165,12 @@ def gradient_check(gradient_check, numerical_gradient):
             hint="compare grad_f(x) with numerical_gradient(f, x), elementwise.")
     # Gradients with planted bugs: the error must reflect them, and be exactly the formula.
     i = tuple(int(v) for v in rng().integers(0, shape))
-    one_wrong = lambda x: true_grad(x) + np.where(np.arange(x.size).reshape(x.shape) == np.ravel_multi_index(i, x.shape), 0.3, 0.0)
+    at_i = np.arange(x.size).reshape(x.shape) == np.ravel_multi_index(i, x.shape)
+    one_wrong = lambda x: true_grad(x) + np.where(at_i, 0.3, 0.0)
     for name, buggy in [("a gradient wrong in one element", one_wrong),
                         ("a gradient with the wrong sign", lambda x: -true_grad(x)),
                         ("a gradient scaled by 3", lambda x: 3 * true_grad(x))]:
-        yours = gradient_check(f, buggy, x)
+        yours = your_gradient_check(f, buggy, x)
         expected = relative_error(buggy(x), true_grad(x))
         g, n = buggy(x), true_grad(x)
         assert_close(yours, expected, what=f"the relative error for {name}", rtol=1e-4, atol=1e-9,
@@ -180,10 +181,10 @@ def gradient_check(gradient_check, numerical_gradient):
                                float(np.max((g - n) / np.maximum(g + n, 1e-12)))})
     # A correct gradient with a wide step h, drawn on every run: the numerical gradient's own
     # error now shows, so an h that is not passed on to numerical_gradient gets caught.
-    yours = gradient_check(f, true_grad, x, WIDE_H)
-    expected = relative_error(true_grad(x), numerical_gradient(f, x.copy(), WIDE_H))
+    yours = your_gradient_check(f, true_grad, x, WIDE_H)
+    expected = relative_error(true_grad(x), your_numerical_gradient(f, x.copy(), WIDE_H))
     assert_close(yours, expected, what=f"the relative error of a correct gradient with h = {WIDE_H}",
                  rtol=1e-6, atol=1e-12,
                  mistakes={"your gradient_check ignores its argument h: pass it on to numerical_gradient":
-                           relative_error(true_grad(x), numerical_gradient(f, x.copy()))})
+                           relative_error(true_grad(x), your_numerical_gradient(f, x.copy()))})
     return "a correct gradient, 3 planted bugs and a wide step h"

@@ -8,8 +8,7 @@ import contextlib
 import numpy as np
 import torch
 
-from course_lib.autograd import MLP, Neuron, Value
-from course_lib.autograd import engine
+from course_lib.autograd import MLP, Neuron, Value, engine
 from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng
 from course_lib.checks.ch00 import reference_gradient_check
 
@@ -106,7 +105,7 @@ def _unary(f):
 
 
 @exercise
-def mul(mul, mul_backward):
+def mul(your_mul, your_mul_backward):
     """out = a * b: forward and backward."""
     def assign(out):
         a, b = out._prev
@@ -119,11 +118,12 @@ def mul(mul, mul_backward):
         b.grad += b.data * out.grad
     wrong = {"a node used twice loses one of its gradients: use += (accumulate), not =": assign,
              "d(a*b)/da is b, not a: each input's grad uses the OTHER input's data": own}
-    return _check_op("*", mul, mul_backward, lambda case: (_binary(mul), _binary(lambda x, y: x * y)), -1.5, 1.5, wrong)
+    exprs = lambda case: (_binary(your_mul), _binary(lambda x, y: x * y))
+    return _check_op("*", your_mul, your_mul_backward, exprs, -1.5, 1.5, wrong)
 
 
 @exercise
-def exp(exp, exp_backward):
+def exp(your_exp, your_exp_backward):
     """out = exp(a): forward and backward."""
     def from_input(out):
         (a,) = out._prev
@@ -140,17 +140,17 @@ def exp(exp, exp_backward):
              "multiply by out.grad: the chain rule carries the gradient from the output": no_chain,
              "a node used twice loses one of its gradients: use += (accumulate), not =": assign}
     # inputs in [-0.5, 0.5] keep the nested exponentials of the expression below about 200
-    return _check_op("exp", exp, exp_backward, lambda case: (_unary(exp), _unary(torch.exp)), -0.5, 0.5, wrong)
+    return _check_op("exp", your_exp, your_exp_backward, lambda case: (_unary(your_exp), _unary(torch.exp)), -0.5, 0.5, wrong)
 
 
 @exercise
-def power(power, pow_backward):
+def power(your_power, your_pow_backward):
     """out = a ** k for an int or float constant k (stored in out._arg)."""
     exponents = [2, 3, -1, 1.5, -0.5]
 
     def exprs(case):
         k = exponents[case % len(exponents)]
-        return _unary(lambda x: power(x, k)), _unary(lambda x: x**k)
+        return _unary(lambda x: your_power(x, k)), _unary(lambda x: x**k)
 
     def off_by_one(out):
         (a,), k = out._prev, out._arg
@@ -166,15 +166,15 @@ def power(power, pow_backward):
     wrong = {"the exponent is off by one: d(a**k)/da = k * a**(k-1)": off_by_one,
              "you dropped the factor k: d(a**k)/da = k * a**(k-1)": no_k,
              "a node used twice loses one of its gradients: use += (accumulate), not =": assign}
-    probe = power(Value(1.3), 3)
+    probe = your_power(Value(1.3), 3)
     require(isinstance(probe, Value) and probe._arg == 3,
             f"power(Value(1.3), 3) should keep the exponent in out._arg; it holds {fmt(getattr(probe, '_arg', None))}.",
             hint="pass k as the fourth argument: Value(data, (a,), '**', k).")
-    return _check_op("**", lambda x: power(x, 2), pow_backward, exprs, 0.4, 1.6, wrong, n=10)
+    return _check_op("**", lambda x: your_power(x, 2), your_pow_backward, exprs, 0.4, 1.6, wrong, n=10)
 
 
 @exercise
-def tanh(tanh, tanh_backward):
+def tanh(your_tanh, your_tanh_backward):
     """out = tanh(a): forward and backward."""
     def from_input(out):
         (a,) = out._prev
@@ -190,11 +190,12 @@ def tanh(tanh, tanh_backward):
     wrong = {"d tanh(a)/da = 1 - tanh(a)**2: square the OUTPUT out.data, not the input": from_input,
              "square it: d tanh(a)/da = 1 - tanh(a)**2": no_square,
              "a node used twice loses one of its gradients: use += (accumulate), not =": assign}
-    return _check_op("tanh", tanh, tanh_backward, lambda case: (_unary(tanh), _unary(torch.tanh)), -1.5, 1.5, wrong)
+    exprs = lambda case: (_unary(your_tanh), _unary(torch.tanh))
+    return _check_op("tanh", your_tanh, your_tanh_backward, exprs, -1.5, 1.5, wrong)
 
 
 @exercise
-def relu(relu, relu_backward):
+def relu(your_relu, your_relu_backward):
     """out = relu(a) = max(a, 0): forward and backward."""
     def always(out):
         (a,) = out._prev
@@ -205,7 +206,8 @@ def relu(relu, relu_backward):
         a.grad = (out.data > 0) * out.grad
     wrong = {"the gradient flows only where the input was positive; elsewhere relu is flat": always,
              "a node used twice loses one of its gradients: use += (accumulate), not =": assign}
-    return _check_op("relu", relu, relu_backward, lambda case: (_unary(relu), _unary(torch.relu)), -1.5, 1.5, wrong)
+    exprs = lambda case: (_unary(your_relu), _unary(torch.relu))
+    return _check_op("relu", your_relu, your_relu_backward, exprs, -1.5, 1.5, wrong)
 
 
 # ---- topological order and backward ------------------------------------------------------
@@ -245,7 +247,8 @@ def _check_order(order, root, what):
             f"(length {len(ids)}, the graph has {len(reach)} nodes).",
             hint="remember the nodes you have visited (a set) and skip them.")
     require(set(ids) == set(reach), f"{what}: your order has {len(set(ids) & set(reach))} of the graph's "
-            f"{len(reach)} nodes" + (f" and {len(set(ids) - set(reach))} that are not in it" if set(ids) - set(reach) else "") + ".",
+            f"{len(reach)} nodes"
+            + (f" and {len(set(ids) - set(reach))} that are not in it" if set(ids) - set(reach) else "") + ".",
             hint="every node under the root, the root and the leaves included, must appear.")
     pos = {i: k for k, i in enumerate(ids)}
     for v in order:
@@ -260,17 +263,17 @@ def _check_order(order, root, what):
 
 
 @exercise
-def topological_order(topological_order):
+def topological_order(your_topological_order):
     """Every node of the graph once, each after its children; must work 5,000 deep."""
     for n_ops in (1, 7, 23, 40):
         root, _ = _random_graph(int(rng().integers(2, 6)), n_ops)
-        _check_order(topological_order(root), root, f"a random graph with {len(_reachable(root))} nodes")
+        _check_order(your_topological_order(root), root, f"a random graph with {len(_reachable(root))} nodes")
     x = Value(float(rng().uniform(0.5, 1.5)))
     y = x
     for _ in range(5000):
         y = y * 1.0001
     try:
-        order = topological_order(y)
+        order = your_topological_order(y)
     except RecursionError:
         raise CheckFailed("a chain 5,000 nodes deep raised RecursionError.\n  hint: replace the recursion "
                           "with a loop over an explicit stack (a Python list).") from None
@@ -304,7 +307,7 @@ def _leaf_grads_without_reset(root, order, stale, leaves):
 
 
 @exercise
-def backward(backward):
+def backward(your_backward):
     """backward(root): every grad of the graph, d(root)/d(node); calling it twice gives the same grads."""
     for n_ops in (5, 17, 31):
         root, leaves = _random_graph(int(rng().integers(3, 7)), n_ops)
@@ -314,7 +317,7 @@ def backward(backward):
         no_reset = _leaf_grads_without_reset(root, order, stale, leaves)
         for v, g in zip(order, stale):
             v.grad = g
-        backward(root)
+        your_backward(root)
         first = np.array([x.grad for x in leaves])
         assert_close(first, expected, what=f"the leaves' grads after backward() on a random graph of {len(order)} nodes",
                      rtol=1e-9, atol=1e-12, hint="reset every grad of the graph to 0, set root.grad = 1, then call "
@@ -322,7 +325,7 @@ def backward(backward):
                      mistakes={"the grads left by an earlier run were added to: set every grad of the graph to 0 "
                                "before backpropagating": no_reset})
         require(root.grad == 1, f"after backward(), root.grad should be 1; it is {fmt(root.grad)}.")
-        backward(root)
+        your_backward(root)
         second = np.array([x.grad for x in leaves])
         assert_close(second, first, what="the leaves' grads after calling backward() a second time",
                      rtol=1e-12, atol=1e-12,
@@ -335,7 +338,7 @@ def backward(backward):
 # ---- neurons, MLPs and training ----------------------------------------------------------
 
 @exercise
-def neuron_call(neuron_call):
+def neuron_call(your_neuron_call):
     """neuron_call(neuron, x) = relu(w . x + b), or w . x + b when neuron.nonlin is False."""
     for case in range(8):
         nin = int(rng().integers(1, 8))
@@ -348,7 +351,7 @@ def neuron_call(neuron_call):
         if not nonlin:  # a negative pre-activation, so that a stray relu shows
             n.b.data = -float(sum(w.data * v for w, v in zip(n.w, xs))) - float(rng().uniform(0.1, 0.6))
         x = [Value(float(v)) for v in xs]
-        out = neuron_call(n, x)
+        out = your_neuron_call(n, x)
         require(isinstance(out, Value), f"neuron_call returned {fmt(out)}; expected a Value.",
                 hint="build the sum with Value operations so that it can be backpropagated.")
         out.backward()
@@ -372,16 +375,17 @@ def neuron_call(neuron_call):
 
 
 @exercise
-def mlp_parameters(mlp_parameters):
+def mlp_parameters(your_mlp_parameters):
     """mlp_parameters(mlp): every weight and bias, layer by layer, neuron by neuron, w before b."""
     for _ in range(3):
         sizes = [int(s) for s in rng().integers(1, 6, size=int(rng().integers(2, 4)))]
         nin = int(rng().integers(1, 5))
         m = MLP(nin, sizes)
-        yours = mlp_parameters(m)
+        yours = your_mlp_parameters(m)
         require(isinstance(yours, list), f"expected a flat list, got {type(yours).__name__}.")
         require(all(isinstance(p, Value) for p in yours),
-                f"expected a flat list of Values; found {fmt([type(p).__name__ for p in yours if not isinstance(p, Value)][:3])}.",
+                "expected a flat list of Values; found "
+                f"{fmt([type(p).__name__ for p in yours if not isinstance(p, Value)][:3])}.",
                 hint="flatten: [p for layer in ... for neuron in ... for p in ...].")
         torch_net = torch.nn.Sequential(*[torch.nn.Linear(a, b) for a, b in zip([nin] + sizes, sizes)])
         count = sum(p.numel() for p in torch_net.parameters())
@@ -445,7 +449,7 @@ def svm_loss(model, X, y):
 
 
 @exercise
-def sgd_step(sgd_step):
+def sgd_step(your_sgd_step):
     """sgd_step(model, X, y, lr): zero the grads, compute the loss, backprop, step; returns the loss Value."""
     import random
 
@@ -455,20 +459,22 @@ def sgd_step(sgd_step):
     X, y = _points(int(rng().integers(9, 16)))
     lr = float(rng().uniform(0.05, 0.2))
     random.seed(int(rng().integers(1 << 30)))
-    for name, model in [("the course engine", MLP(2, sizes)), ("micrograd's engine, where grads accumulate", mg_nn.MLP(2, sizes))]:
+    models = [("the course engine", MLP(2, sizes)), ("micrograd's engine, where grads accumulate", mg_nn.MLP(2, sizes))]
+    for name, model in models:
         params = [float(rng().uniform(-1, 1)) for _ in model.parameters()]
         for p, v in zip(model.parameters(), params):
             p.data, p.grad = v, float(rng().uniform(-1, 1))  # stale grads, as after an earlier step
         exp_losses, exp_params = _torch_steps(params, sizes, X, y, lr, 2)
         losses = []
         for _ in range(2):
-            loss = sgd_step(model, X, y, lr)
+            loss = your_sgd_step(model, X, y, lr)
             require(hasattr(loss, "data"), f"sgd_step should return the loss Value; it returned {fmt(loss)}.")
             losses.append(loss.data)
         assert_close(losses, exp_losses, what=f"the losses of two steps on {name}", rtol=1e-9, atol=1e-12,
                      mistakes={"the loss did not change: update p.data -= lr * p.grad after backward()": [exp_losses[0]] * 2},
                      hint=("on micrograd backward() adds into the grads: call model.zero_grad() before loss.backward()"
-                           if "micrograd" in name else "zero the grads, build the loss, call backward(), then p.data -= lr * p.grad."))
+                           if "micrograd" in name
+                           else "zero the grads, build the loss, call backward(), then p.data -= lr * p.grad."))
         yours = [p.data for p in model.parameters()]
         wrong_sign = [2 * a - b for a, b in zip(params, exp_params)]
         assert_close(yours, exp_params, what=f"the parameters after two steps on {name}", rtol=1e-9, atol=1e-12,

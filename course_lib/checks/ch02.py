@@ -23,7 +23,7 @@ def _np_broadcast(a, b):
 
 
 @exercise
-def broadcast_shape(broadcast_shape):
+def broadcast_shape(your_broadcast_shape):
     """The broadcast shape of two shapes (numpy's rules), and a ValueError when they clash."""
     cases = [((1,), (1,))]
     for _ in range(12):
@@ -38,12 +38,12 @@ def broadcast_shape(broadcast_shape):
         expected = _np_broadcast(a, b)
         if expected is None:
             try:
-                got = broadcast_shape(a, b)
+                got = your_broadcast_shape(a, b)
             except ValueError:
                 continue
             raise CheckFailed(f"broadcast_shape({a}, {b}) returned {got}, but these shapes do not broadcast."
                               "\n  hint: raise ValueError when two aligned sizes differ and neither is 1.")
-        got = broadcast_shape(a, b)
+        got = your_broadcast_shape(a, b)
         require(got is not None, "broadcast_shape returned None. Did you forget a `return`?")
         hint = "align the shapes on the RIGHT (pad the shorter one with 1s on the left)."
         if tuple(got) == tuple(max(x, y) for x, y in zip(a, b)):
@@ -141,7 +141,7 @@ _MIX = lambda x, y: x * y + 2.0 * x  # noqa: E731
 
 
 @exercise
-def strided_zip(strided_zip):
+def strided_zip(your_strided_zip):
     """zip over strided, broadcast views (transposed, sliced, stride-0) vs numpy's broadcasting."""
     n_cases = 0
     r, c, k = (int(v) for v in rng().integers(2, 6, 3))
@@ -156,7 +156,7 @@ def strided_zip(strided_zip):
         before = (a.storage.copy(), b.storage.copy())
         shape = np.broadcast_shapes(sa, sb)
         inputs = {"a": _describe(a), "b": _describe(b)}
-        out = _call(lambda: strided_zip(f, a, b), f"strided_zip for a {sa} ({ka}) and b {sb} ({kb})",
+        out = _call(lambda: your_strided_zip(f, a, b), f"strided_zip for a {sa} ({ka}) and b {sb} ({kb})",
                     "an index went past an input's shape? Align the shapes on the right: the output's extra "
                     "leading dims are skipped, and an input's dim of size 1 always reads index 0.")
         _check_fresh(out, shape, np.result_type(a.dtype, b.dtype), "strided_zip")
@@ -181,7 +181,7 @@ def strided_zip(strided_zip):
 
 
 @exercise
-def strided_reduce(strided_reduce):
+def strided_reduce(your_strided_reduce):
     """reduce along one dim (keepdim) over strided views vs numpy, with an order-dependent fold too."""
     fold = lambda acc, x: 0.5 * acc + x  # noqa: E731  (the order of the elements matters)
     n_cases = 0
@@ -193,7 +193,7 @@ def strided_reduce(strided_reduce):
         a, a_np = _strided_case(shape, kind)
         dim = int(rng().integers(0, ndim)) if n_cases != 2 else 1
         before = a.storage.copy()
-        out = _call(lambda: strided_reduce(f, start, a, dim), f"strided_reduce of a {shape} ({kind}) over dim {dim}",
+        out = _call(lambda: your_strided_reduce(f, start, a, dim), f"strided_reduce of a {shape} ({kind}) over dim {dim}",
                     "the output has a's shape with shape[dim] = 1; for each of its indices, walk index[dim] "
                     "over 0..a.shape[dim]-1.")
         keep = tuple(1 if i == dim else s for i, s in enumerate(shape))
@@ -248,7 +248,7 @@ def _gradient_check(f, grad_f, x, what):
 
 
 @exercise
-def mul_function(Mul):
+def mul_function(your_Mul):
     """Mul.forward (raw TensorData from your zip) and Mul.backward with broadcasting, vs torch float64,
     on non-contiguous inputs, plus chapter 00's gradient check."""
     import course_lib.tensor as ct
@@ -260,10 +260,10 @@ def mul_function(Mul):
     for sa, sb, ta_, tb_ in cases:
         a_np, b_np = random_array(sa), random_array(sb)
         a, b = _leaf(a_np, ta_), _leaf(b_np, tb_)
-        raw = Mul.forward(Context("Mul", (True, True)), a, b)
+        raw = your_Mul.forward(Context("Mul", (True, True)), a, b)
         require(isinstance(raw, TensorData), f"Mul.forward should return raw TensorData (what strided_zip "
                 f"returns), got {type(raw).__name__}; Function.apply wraps it in a Tensor.")
-        out = Mul.apply(a, b)
+        out = your_Mul.apply(a, b)
         ta, tb = _t(a_np, True), _t(b_np, True)
         tout = ta * tb
         assert_close(out.numpy(), tout.detach().numpy(), what=f"Mul.apply(a {sa}, b {sb})", rtol=1e-12, atol=1e-12)
@@ -279,11 +279,11 @@ def mul_function(Mul):
                                    if np.broadcast_shapes(mine.shape, g.shape) == g.shape else None})
 
         def loss(x, b_np=b_np, g=g):
-            return float((Mul.apply(ct.Tensor(x), ct.Tensor(b_np)).numpy() * g).sum())
+            return float((your_Mul.apply(ct.Tensor(x), ct.Tensor(b_np)).numpy() * g).sum())
 
         def grad(x, b_np=b_np, g=g):
             t = ct.Tensor(x, requires_grad=True)
-            Mul.apply(t, ct.Tensor(b_np)).backward(ct.Tensor(g))
+            your_Mul.apply(t, ct.Tensor(b_np)).backward(ct.Tensor(g))
             return t.grad.numpy()
 
         _gradient_check(loss, grad, a_np, f"d/da of a {sa} * b {sb}")
@@ -291,7 +291,7 @@ def mul_function(Mul):
 
 
 @exercise
-def sum_function(Sum):
+def sum_function(your_Sum):
     """Sum.forward (raw TensorData from your reduce, keepdim) and Sum.backward, vs torch float64,
     on non-contiguous inputs, plus chapter 00's gradient check."""
     import course_lib.tensor as ct
@@ -303,10 +303,10 @@ def sum_function(Sum):
         dim = int(rng().integers(0, ndim)) if n else 1
         x_np = random_array(shape)
         x = _leaf(x_np, transposed)
-        raw = Sum.forward(Context("Sum", (True,)), x, dim)
+        raw = your_Sum.forward(Context("Sum", (True,)), x, dim)
         require(isinstance(raw, TensorData), f"Sum.forward should return raw TensorData (what strided_reduce "
                 f"returns), got {type(raw).__name__}.")
-        out = Sum.apply(x, dim=dim)
+        out = your_Sum.apply(x, dim=dim)
         tx = _t(x_np, True)
         tout = tx.sum(dim, keepdim=True)
         assert_equal(out.shape, tuple(tout.shape), what=f"the shape of Sum.apply(x {shape}, dim={dim})",
@@ -324,11 +324,11 @@ def sum_function(Sum):
                                np.broadcast_to(g, shape) / shape[dim]})
 
         def loss(v, dim=dim, g=g):
-            return float((Sum.apply(ct.Tensor(v), dim=dim).numpy() * g).sum())
+            return float((your_Sum.apply(ct.Tensor(v), dim=dim).numpy() * g).sum())
 
         def grad(v, dim=dim, g=g):
             t = ct.Tensor(v, requires_grad=True)
-            Sum.apply(t, dim=dim).backward(ct.Tensor(g))
+            your_Sum.apply(t, dim=dim).backward(ct.Tensor(g))
             return t.grad.numpy()
 
         _gradient_check(loss, grad, x_np, f"d/dx of x {shape}.sum({dim})")
@@ -342,17 +342,17 @@ def _graph_fns(t):
 
 
 @exercise
-def tensor_methods(Tensor):
+def tensor_methods(your_Tensor):
     """Your Tensor's *, reversed * and sum(dim, keepdim) call your Functions; values and gradients vs torch."""
     import course_lib.tensor as ct
     from course_lib.tensor import functions as F
-    require(isinstance(Tensor, type) and issubclass(Tensor, ct.Tensor),
+    require(isinstance(your_Tensor, type) and issubclass(your_Tensor, ct.Tensor),
             "Tensor should be a subclass of the library's ct.Tensor (class Tensor(ct.Tensor): ...).")
     r, c, k = (int(v) for v in rng().integers(2, 6, 3))
 
     def mine(values, transposed=False):
         leaf = _leaf(values, transposed)
-        return Tensor._wrap(leaf.data, True)
+        return your_Tensor._wrap(leaf.data, True)
 
     def compare(what, make, tmake, leaves, lib_fn, hint=None):
         ts = [mine(v, tr) for v, tr in leaves]
@@ -392,11 +392,11 @@ def tensor_methods(Tensor):
             hint="without keepdim, reshape the summed dim (size 1 now) away.")
 
     def loss(v):
-        return float(Tensor.sum(mine(v, True) * Tensor(y)).item())
+        return float(your_Tensor.sum(mine(v, True) * your_Tensor(y)).item())
 
     def grad(v):
         t = mine(v, True)
-        Tensor.sum(t * Tensor(y)).backward()
+        your_Tensor.sum(t * your_Tensor(y)).backward()
         return t.grad.numpy()
 
     _gradient_check(loss, grad, x, "d/da of (a * b).sum()")
@@ -428,7 +428,7 @@ def _try(f):
 
 
 @exercise
-def matmul_backward(matmul_backward):
+def matmul_backward(your_matmul_backward):
     """Gradients of a @ b for 2-D and batched 3-D inputs, vs torch."""
     n = int(rng().integers(3, 7))
     shapes = [((n, n), (n, n)), ((3, 5), (5, 4)), ((2, 3, 5), (2, 5, 4))]
@@ -438,7 +438,7 @@ def matmul_backward(matmul_backward):
         out = ta @ tb
         g = random_array(tuple(out.shape))
         out.backward(_t(g))
-        got = matmul_backward(a, b, g)
+        got = your_matmul_backward(a, b, g)
         require(isinstance(got, tuple) and len(got) == 2, f"matmul_backward should return (grad_a, grad_b), got {fmt(got)}")
         ga, gb = got
         bt, at = np.swapaxes(b, -1, -2), np.swapaxes(a, -1, -2)
@@ -457,7 +457,7 @@ def matmul_backward(matmul_backward):
 # ------------------------------------------------------------------ softmax and cross-entropy
 
 @exercise
-def softmax_cross_entropy(log_softmax, cross_entropy):
+def softmax_cross_entropy(your_log_softmax, your_cross_entropy):
     """Stable log_softmax over the last axis and mean cross-entropy, vs torch, with huge logits."""
     for scale in (1.0, 30.0, 1000.0, "rows apart"):
         batch, classes = int(rng().integers(3, 9)), int(rng().integers(3, 11))
@@ -472,7 +472,7 @@ def softmax_cross_entropy(log_softmax, cross_entropy):
         with np.errstate(all="ignore"):
             naive = np.log(np.exp(x) / np.exp(x).sum(-1, keepdims=True))
             wrong_axis = x - np.log(np.exp(x - x.max()).sum(0, keepdims=True)) - x.max()
-            yours = log_softmax(x)
+            yours = your_log_softmax(x)
         finite = yours is not None and np.isfinite(np.asarray(yours, dtype=np.float64)).all()
         require(yours is None or finite,
                 f"your log_softmax gave inf or nan on logits up to {np.abs(x).max():.0f}"
@@ -486,7 +486,7 @@ def softmax_cross_entropy(log_softmax, cross_entropy):
                                wrong_axis},
                      hint="log_softmax(x) = x - m - log(sum(exp(x - m))) with m the row max.")
         with np.errstate(all="ignore"):
-            ce = cross_entropy(x, target)
+            ce = your_cross_entropy(x, target)
         exp_ce = torch.nn.functional.cross_entropy(tx, torch.tensor(target)).item()
         assert_close(ce, exp_ce, what=f"cross_entropy with scale {scale}", rtol=1e-9,
                      mistakes={"take the MEAN over the batch, not the sum": exp_ce * batch,
@@ -498,14 +498,14 @@ def softmax_cross_entropy(log_softmax, cross_entropy):
 # ------------------------------------------------------------------ Linear module
 
 @exercise
-def linear(Linear):
+def linear(your_Linear):
     """A Linear(in, out) module: weight (out, in), bias (out,), y = x @ W^T + b; values and grads vs torch.
     The initial weights and bias must look like draws from uniform(-1/sqrt(in), 1/sqrt(in))."""
     import course_lib.tensor as ct
 
     in_f, out_f = int(rng().integers(48, 80)), int(rng().integers(40, 60))
     ct.manual_seed(int(rng().integers(0, 1000)))
-    layer = Linear(in_f, out_f)
+    layer = your_Linear(in_f, out_f)
     bound = 1 / np.sqrt(in_f)
     for name, p, n in (("weight", getattr(layer, "weight", None), out_f * in_f), ("bias", getattr(layer, "bias", None), out_f)):
         require(p is not None and hasattr(p, "numpy"), f"Linear({in_f}, {out_f}) has no {name} Parameter.",
@@ -534,7 +534,7 @@ def linear(Linear):
 
     for in_f, out_f, lead in ((5, 3, (4,)), (7, 6, (2, 3))):
         ct.manual_seed(int(rng().integers(0, 1000)))
-        layer = Linear(in_f, out_f)
+        layer = your_Linear(in_f, out_f)
         params = dict(layer.named_parameters())
         require(set(params) == {"weight", "bias"},
                 f"Linear should have parameters 'weight' and 'bias' (as nn.Parameter), found {sorted(params)}.",
@@ -571,7 +571,7 @@ def linear(Linear):
 # ------------------------------------------------------------------ optimizer steps
 
 @exercise
-def optimizer_steps(sgd_momentum_step, adam_step):
+def optimizer_steps(your_sgd_momentum_step, your_adam_step):
     """Five steps of SGD with momentum and of Adam (bias-corrected) against torch.optim."""
     shape = random_shape(2, 2, 6)
     p0 = random_array(shape)
@@ -583,7 +583,7 @@ def optimizer_steps(sgd_momentum_step, adam_step):
     for t, g in enumerate(grads, 1):
         tp.grad = _t(g)
         topt.step()
-        got = sgd_momentum_step(p, g, v, lr, mom)
+        got = your_sgd_momentum_step(p, g, v, lr, mom)
         require(isinstance(got, tuple) and len(got) == 2, f"sgd_momentum_step returns (p, v), got {fmt(got)}")
         no_mom = p - lr * g
         p, v = got
@@ -598,7 +598,7 @@ def optimizer_steps(sgd_momentum_step, adam_step):
         topt.step()
         m_exp, v_exp = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
         uncorrected = p - lr * m_exp / (np.sqrt(v_exp) + eps)
-        got = adam_step(p, g, m, v, t, lr, b1, b2, eps)
+        got = your_adam_step(p, g, m, v, t, lr, b1, b2, eps)
         require(isinstance(got, tuple) and len(got) == 3, f"adam_step returns (p, m, v), got {fmt(got)}")
         p, m, v = got
         assert_close(p, tp.detach().numpy(), what=f"the parameter after Adam step {t}", rtol=1e-9,

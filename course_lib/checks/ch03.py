@@ -62,19 +62,19 @@ class _Spy(ops.Op):
 # ---- 1. topological order -------------------------------------------------------------------
 
 @exercise
-def topo_order(topo_order):
+def topological_order(your_topological_order):
     for trial in range(4):
-        with G.Graph() as g:
+        with G.Graph():
             xs, nodes, y, _, _ = _random_dag(n_ops=10 + trial * 3)
-            extra = (nodes[3] * 5.0).exp()  # not needed by y
+            _extra = (nodes[3] * 5.0).exp()  # not needed by y
             fetches = [y] if trial % 2 == 0 else [y, nodes[5]]
-            yours = topo_order(fetches)
-        require(isinstance(yours, list), f"topo_order should return a list of nodes, got {type(yours).__name__}.")
+            yours = your_topological_order(fetches)
+        require(isinstance(yours, list), f"topological_order should return a list of nodes, got {type(yours).__name__}.")
         names = [getattr(n, "name", n) for n in yours]
         dupes = {n for n in names if names.count(n) > 1}
         require(not dupes, f"these nodes appear more than once: {sorted(dupes)}.",
                 hint="a node reached by two paths (a diamond) must be visited once: keep a `seen` set.")
-        expected = set(G.topo_order(fetches))
+        expected = set(G.topological_order(fetches))
         outside = [n.name for n in yours if n not in expected]
         require(not outside, f"your order includes nodes the fetches do not need: {outside}.",
                 hint="walk backwards from the fetches through inputs only; never list the whole graph.")
@@ -92,7 +92,7 @@ def topo_order(topo_order):
         for _ in range(20_000):
             y = y * 1.5
     try:
-        order = topo_order([y])
+        order = your_topological_order([y])
     except RecursionError:
         raise CheckFailed("RecursionError on a chain of 20,000 nodes: Python's stack is too shallow for a "
                           "recursive walk.\n  hint: keep your own stack (a list) of nodes still to visit.") from None
@@ -104,19 +104,19 @@ def topo_order(topo_order):
 # ---- 2. the executor --------------------------------------------------------------------------
 
 @exercise
-def run_graph(run_graph):
+def run_graph(your_run_graph):
     for _ in range(3):
         spy = _Spy()
         with G.Graph():
             xs, nodes, y, _, size = _random_dag()
             w = G.variable(rng().normal(size=(size,)), name="w")
             out = y * (w * w).sum()
-            unrelated = spy(nodes[2] + 1.0)  # in the graph, but not needed by `out`
+            _unrelated = spy(nodes[2] + 1.0)  # in the graph, but not needed by `out`
             values = [rng().normal(size=(size,)) for _ in xs]
             feed = dict(zip(xs, values))
-            yours = run_graph([out, nodes[4]], feed)
+            yours = your_run_graph([out, nodes[4]], feed)
         require(spy.calls == 0, "your executor computed a node that the fetches do not need.",
-                hint="evaluate only topo_order(fetches), not every node of the graph.")
+                hint="evaluate only topological_order(fetches), not every node of the graph.")
         require(isinstance(yours, (list, tuple)) and len(yours) == 2,
                 f"run_graph should return one value per fetch (a list of 2), got {fmt(yours)}.")
         expected = G.Session().run([out, nodes[4]], feed)
@@ -168,7 +168,7 @@ def _check_rule(rule, build, fn_torch, shapes, what, mistakes_of, hint=None):
 
 
 @exercise
-def mul_gradient(mul_gradient):
+def mul_gradient(your_mul_gradient):
     n, m = (int(v) for v in rng().choice([3, 5, 7], size=2, replace=False))
     shapes = [((n, m), (n, m)), ((n, m), (m,)), ((n, 1), (1, m)), ((), (n,))]
 
@@ -177,11 +177,11 @@ def mul_gradient(mul_gradient):
         return {"swapped: the gradient for a is g * b (and for b it is g * a)": g * (a if k == 0 else b),
                 "each gradient must have its input's shape: sum over the broadcast dimensions "
                 "with ops.sum_to(grad, input)": g * (b if k == 0 else a)}
-    return _check_rule(mul_gradient, lambda a, b: a * b, torch.mul, shapes, "a * b", mistakes)
+    return _check_rule(your_mul_gradient, lambda a, b: a * b, torch.mul, shapes, "a * b", mistakes)
 
 
 @exercise
-def matmul_gradient(matmul_gradient):
+def matmul_gradient(your_matmul_gradient):
     n, k, m = (int(v) for v in rng().choice([2, 3, 5, 7], size=3, replace=False))
     s = int(rng().choice([3, 5]))
     shapes = [((n, k), (k, m)), ((s, s), (s, s)), ((1, k), (k, n))]
@@ -192,11 +192,11 @@ def matmul_gradient(matmul_gradient):
                 "for b it is a.T @ g (transpose a)": a @ g if a.shape[1] == g.shape[0] else None,
                 "the order matters: g @ b.T for a, and a.T @ g for b": (b @ g.T if i == 0 else g.T @ a)
                 if (b.shape[1] == g.shape[1] and i == 0) or (i == 1 and g.shape[0] == a.shape[0]) else None}
-    return _check_rule(matmul_gradient, lambda a, b: a @ b, torch.matmul, shapes, "a @ b", mistakes)
+    return _check_rule(your_matmul_gradient, lambda a, b: a @ b, torch.matmul, shapes, "a @ b", mistakes)
 
 
 @exercise
-def sum_gradient(sum_gradient):
+def sum_gradient(your_sum_gradient):
     n, m, p = (int(v) for v in rng().choice([2, 3, 5, 7], size=3, replace=False))
     # Random sizes, plus fixed traps drawn on every run: negative dims (-1 is the last), a negative dim
     # inside a tuple, and a dim that is not the last one.
@@ -204,7 +204,7 @@ def sum_gradient(sum_gradient):
              ((n, m, p), 1, True), ((n, m, p), -1, False), ((n, m, p), (0, -1), False), ((n, m), -2, True),
              ((n, m, p), -2, False)]
     for shape, dim, keep in cases:
-        _check_rule(lambda node, g: sum_gradient(node, g), lambda a: G.reduce_sum(a, dim, keep),
+        _check_rule(lambda node, g: your_sum_gradient(node, g), lambda a: G.reduce_sum(a, dim, keep),
                     lambda a: a.sum(dim=dim, keepdim=keep) if dim is not None else a.sum(),
                     [(shape, None)], f"sum(a, dim={dim}, keepdim={keep})", lambda k, v, g: {},
                     hint="dim may be negative (-1 is the last dimension): turn it into a non-negative index "
@@ -215,7 +215,7 @@ def sum_gradient(sum_gradient):
 # ---- 6. gradients() -------------------------------------------------------------------------
 
 def _overwriting_gradients(y, xs):
-    order = G.topo_order([y])
+    order = G.topological_order([y])
     adj = {y: ops.ones_like(y)}
     for node in reversed(order):
         if node in adj and node.inputs:
@@ -226,11 +226,11 @@ def _overwriting_gradients(y, xs):
 
 
 @exercise
-def gradients(gradients):
+def gradients(your_gradients):
     for _ in range(4):
         with G.Graph():
             xs, nodes, y, recipe, size = _random_dag(n_ops=14)
-            yours = gradients(y, xs)
+            yours = your_gradients(y, xs)
             wrong = _overwriting_gradients(y, xs)
         require(isinstance(yours, (list, tuple)) and len(yours) == len(xs),
                 f"gradients(y, xs) returns one node per x ({len(xs)}), got {fmt(yours)}.")
@@ -244,7 +244,7 @@ def gradients(gradients):
             assert_close(G.Session().run(node, feed), e, what=f"dy/dx{k}", rtol=1e-9, atol=1e-12,
                          mistakes={"a node used by several others gets the SUM of the gradients from every path: "
                                    "add to the adjoint when it already has one, do not overwrite it": wrong_vals[k]},
-                         hint="go through topo_order([y]) in reverse, so a node's adjoint is complete before "
+                         hint="go through topological_order([y]) in reverse, so a node's adjoint is complete before "
                               "you pass it on to its inputs.")
     return "4 random graphs with shared subexpressions, against torch.autograd"
 
@@ -288,7 +288,7 @@ def _trap_graph():
 def _readers(outputs, leaf):
     """How many nodes of the graph depend on leaf (leaf included)."""
     depends = set()
-    for n in G.topo_order(outputs):
+    for n in G.topological_order(outputs):
         if n is leaf or any(i in depends for i in n.inputs):
             depends.add(n)
     return len(depends)
@@ -312,7 +312,7 @@ def _check_pass(your_pass, reference_pass, name, hint, folding=False):
         diagnosis = hint
         for leaf in leaves:
             fate = "replaced by constants" if folding else "merged into nodes that read something else"
-            require(leaf in G.topo_order(new), f"the optimized graph no longer reads {leaf.op.name} {leaf.name}: "
+            require(leaf in G.topological_order(new), f"the optimized graph no longer reads {leaf.op.name} {leaf.name}: "
                     f"the nodes that depend on it were {fate}, so later runs would ignore its own value.", hint=hint)
             if folding and _readers(new, leaf) < _readers(reference, leaf):
                 diagnosis = (f"your pass turned nodes that depend on {leaf.op.name} {leaf.name} into constants, "
@@ -334,15 +334,15 @@ def _check_pass(your_pass, reference_pass, name, hint, folding=False):
 
 
 @exercise
-def fold_constants(fold_constants):
-    return _check_pass(fold_constants, G.fold_constants, "constant folding",
+def fold_constants(your_fold_constants):
+    return _check_pass(your_fold_constants, G.fold_constants, "constant folding",
                        "fold a node only when ALL its inputs are constants: a node that reads a placeholder "
                        "or a variable must stay, since its value changes from run to run.", folding=True)
 
 
 @exercise
-def eliminate_common_subexpressions(eliminate_common_subexpressions):
-    return _check_pass(eliminate_common_subexpressions, G.eliminate_common_subexpressions, "CSE",
+def eliminate_common_subexpressions(your_eliminate_common_subexpressions):
+    return _check_pass(your_eliminate_common_subexpressions, G.eliminate_common_subexpressions, "CSE",
                        "two nodes are the same only with the same op, the same inputs in the same order "
                        "(except for add and mul: a @ b is not b @ a), and the same attributes (sum over dim 0 is "
                        "not sum over dim 1). Placeholders and variables are never merged, even when they look "
@@ -365,7 +365,7 @@ def _softmax_regression_losses(X, Y, W, b, lr, steps):
 
 
 @exercise
-def training_loop(train):
+def training_loop(your_train):
     n, d, c = int(rng().integers(20, 40)), int(rng().choice([3, 5])), int(rng().choice([3, 4]))
     X, Y = rng().normal(size=(n, d)), np.eye(c)[rng().integers(0, c, n)]
     W0, b0, lr, steps = rng().normal(size=(d, c)) * 0.3, rng().normal(size=(c,)) * 0.1, 0.5, 15
@@ -375,7 +375,7 @@ def training_loop(train):
         loss = G.softmax_cross_entropy(x @ W + b, y)
         train_ops = G.sgd_step(loss, [W, b], lr)
     sess = G.Session()
-    losses = train(sess, loss, train_ops, {x: X, y: Y}, steps)
+    losses = your_train(sess, loss, train_ops, {x: X, y: Y}, steps)
     expected, We, be = _softmax_regression_losses(X, Y, W0, b0, lr, steps)
     late = _softmax_regression_losses(X, Y, W0, b0, lr, steps + 1)[0][1:]
     require(losses is not None and len(losses) == steps, f"train should return {steps} losses, got {fmt(losses)}.")

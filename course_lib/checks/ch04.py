@@ -30,11 +30,11 @@ def _random_text(n):
 
 
 @exercise
-def char_tokenizer(char_tokenizer):
+def char_tokenizer(your_char_tokenizer):
     """char_tokenizer(text) -> (encode, decode): ids numbered by the sorted distinct characters."""
     for n in (int(rng().integers(20, 60)), int(rng().integers(60, 200))):
         text = _random_text(n)
-        encode, decode = char_tokenizer(text)
+        encode, decode = your_char_tokenizer(text)
         chars = sorted(set(text))
         s = "".join(rng().choice(list(text), size=int(rng().integers(5, 15))))
         ids = encode(s)
@@ -99,12 +99,12 @@ def _even_only(ids, pair, new_id):
 
 
 @exercise
-def bpe_merge_step(bpe_merge_step):
+def bpe_merge_step(your_bpe_merge_step):
     """bpe_merge_step(ids, new_id) -> (pair, merged ids): the most frequent pair, merged left to right."""
     for ids in _merge_cases():
         new_id = 256 + int(rng().integers(0, 50))
         pair, expected = _merge_reference(ids, new_id)
-        result = bpe_merge_step(list(ids), new_id)
+        result = your_bpe_merge_step(list(ids), new_id)
         require(isinstance(result, tuple) and len(result) == 2,
                 f"bpe_merge_step should return (pair, new_ids); got {fmt(result)}.")
         yours_pair, yours = result
@@ -147,12 +147,12 @@ def _head_oracle(x, wq, wk, wv, scale=True, mask=True, dim=-1):
 
 
 @exercise
-def attention_head(attention_head):
+def attention_head(your_attention_head):
     """attention_head(x, w_q, w_k, w_v): one causal self-attention head, against PyTorch's SDPA in float64."""
     g = _torch_rng()
     for B, T, C, hs in [(2, 7, 12, 5), (3, int(rng().integers(9, 14)), 10, 8), (1, 1, 6, 3)]:
         x, wq, wk, wv = _randn(B, T, C, g=g), _randn(C, hs, g=g), _randn(C, hs, g=g), _randn(C, hs, g=g)
-        yours = attention_head(x.clone(), wq, wk, wv)
+        yours = your_attention_head(x.clone(), wq, wk, wv)
         expected = F.scaled_dot_product_attention(x @ wq, x @ wk, x @ wv, is_causal=True)
         assert_close(yours, expected, what=f"the head's output for x of shape {(B, T, C)}, head size {hs}",
                      rtol=1e-7, atol=1e-9,
@@ -170,17 +170,17 @@ def attention_head(attention_head):
 
 
 @exercise
-def split_merge_heads(split_heads, merge_heads):
+def split_merge_heads(your_split_heads, your_merge_heads):
     """split_heads: (B, T, C) -> (B, H, T, C/H), head h holding channels h*d:(h+1)*d; merge_heads undoes it."""
     g = _torch_rng()
     for B, T, H, d in [(2, 5, 3, 4), (1, int(rng().integers(6, 11)), 4, 3)]:
         x = _randn(B, T, H * d, g=g)
         expected = torch.stack([x[:, :, h * d:(h + 1) * d] for h in range(H)], dim=1)
-        yours = split_heads(x, H)
+        yours = your_split_heads(x, H)
         assert_close(yours, expected, what=f"split_heads(x of shape {(B, T, H * d)}, n_head={H})",
                      mistakes={"you reshaped straight to (B, H, T, d): view as (B, T, H, d) first, then transpose(1, 2)":
                                x.reshape(B, H, T, d)})
-        back = merge_heads(expected)
+        back = your_merge_heads(expected)
         assert_close(back, x, what=f"merge_heads(y of shape {(B, H, T, d)})",
                      mistakes={"you reshaped straight to (B, T, C): transpose(1, 2) back to (B, T, H, d) first":
                                expected.reshape(B, T, H * d)})
@@ -198,14 +198,14 @@ def _random_block(C, H, g):
 
 
 @exercise
-def block_forward(block_forward):
+def block_forward(your_block_forward):
     """block_forward(x, block): x + attn(ln_1(x)), then x + mlp(ln_2(x)), with the block's own modules."""
     g = _torch_rng()
     for B, T, C, H in [(2, 7, 12, 3), (1, int(rng().integers(5, 12)), 8, 2)]:
         block = _random_block(C, H, g)
         x = _randn(B, T, C, g=g)
         with torch.no_grad():
-            yours = block_forward(x.clone(), block)
+            yours = your_block_forward(x.clone(), block)
             a = x + block.attn(block.ln_1(x))
             expected = a + block.mlp(block.ln_2(a))
             post = block.ln_1(x + block.attn(x))
@@ -229,7 +229,7 @@ def block_forward(block_forward):
 # ---- sampling -----------------------------------------------------------------------------
 
 @exercise
-def top_k_probs(top_k_probs):
+def top_k_probs(your_top_k_probs):
     """top_k_probs(logits, k, temperature): softmax of logits / temperature over the k largest, 0 elsewhere."""
     g = _torch_rng()
     for B, V, k, temp in [(2, 11, 3, 0.7), (3, 17, 1, 1.3), (1, 9, int(rng().integers(2, 8)), 1.0)]:
@@ -240,7 +240,7 @@ def top_k_probs(top_k_probs):
             keep = logits >= kth if largest else logits <= kth
             return torch.softmax(logits.masked_fill(~keep, float("-inf")) / t, -1)
 
-        yours = top_k_probs(logits.clone(), k, temp)
+        yours = your_top_k_probs(logits.clone(), k, temp)
         expected = ref()
         plain = torch.softmax(logits / temp, -1)
         mistakes = {"you keep k + 1 tokens: keep logits >= the k-th largest (topk(...).values[..., -1:])"
@@ -277,7 +277,7 @@ def _reference_step(model, opt, x, y, clip):
 
 
 @exercise
-def train_step(train_step):
+def train_step(your_train_step):
     """train_step(model, optimizer, x, y, grad_clip): forward, zero grads, backward, clip, step; returns the loss."""
     g = _torch_rng()
     model = _tiny_gpt(g)
@@ -306,7 +306,7 @@ def train_step(train_step):
                 torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
             o.step()
             wrong[name] = torch.cat([p.detach().flatten() for p in m.parameters()])
-        loss = train_step(model, opt, x, y, clip)
+        loss = your_train_step(model, opt, x, y, clip)
         ref_loss = _reference_step(ref_model, ref_opt, x, y, clip)
         require(isinstance(loss, float), f"train_step should return the loss as a Python float (loss.item()), "
                 f"got {type(loss).__name__}.")
@@ -371,7 +371,7 @@ def _gpt_variant(model, idx, positions=True, offset=0, final_norm=True):
 
 
 @exercise
-def gpt_forward(gpt_forward):
+def gpt_forward(your_gpt_forward):
     """gpt_forward(model, idx): the logits of a GPT, built from its modules, against the reference GPT in float64."""
     g = _torch_rng()
     model = _random_gpt(g)
@@ -393,7 +393,7 @@ def gpt_forward(gpt_forward):
                 mistakes["your positions are off by one: the first token has position 0, so use "
                          "torch.arange(T), not 1..T"] = _gpt_variant(ref, idx, offset=1)
             try:
-                yours = gpt_forward(model, idx.clone())
+                yours = your_gpt_forward(model, idx.clone())
             except RuntimeError as e:
                 if "normalized_shape" in str(e):
                     raise CheckFailed(
@@ -440,7 +440,7 @@ _DECODE_HINTS = {
 
 
 @exercise
-def decode_step(decode_step):
+def decode_step(your_decode_step):
     """decode_step(model, token, cache): one KV-cache step; its logits must equal the full forward's last position."""
     from course_lib.gpt.model import KVCache
 
@@ -466,7 +466,7 @@ def decode_step(decode_step):
             ref_cache = KVCache(n_layer)
             ref(prompt[:, :t + 1], cache=ref_cache)
             mistakes = {_DECODE_HINTS[m]: _decode_variant(ref, token, c, m) for m, c in wrong_caches.items()}
-            yours = decode_step(model, token.clone(), cache)
+            yours = your_decode_step(model, token.clone(), cache)
         assert_close(yours, full, what=f"the output of step {t} (token {t} of a prompt of {P}, with {t} positions cached)",
                      rtol=1e-9, atol=1e-10, inputs={"prompt": prompt[:, :t + 1]}, mistakes=mistakes,
                      hint="they should equal the full forward's logits at the last position of prompt[:, :t+1].")

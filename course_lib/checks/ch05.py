@@ -22,13 +22,13 @@ def _out(x, what):
 # ---- discretization ---------------------------------------------------------------------------
 
 @exercise
-def discretize_zoh(discretize_zoh):
+def discretize_zoh(your_discretize_zoh):
     """Zero-order hold of a diagonal SSM against the matrix exponential of the full matrices."""
     for _ in range(3):
         N = int(rng().integers(3, 10))
         A, B = -rng().uniform(0.2, 3.0, N), rng().uniform(-2, 2, N)
         delta = float(rng().uniform(0.05, 1.5))
-        out = discretize_zoh(_t(A), _t(B), delta)
+        out = your_discretize_zoh(_t(A), _t(B), delta)
         require(isinstance(out, tuple) and len(out) == 2, f"return a pair (A_bar, B_bar); got {fmt(out)}.")
         dA = torch.diag(_t(A)) * delta
         A_bar = torch.linalg.matrix_exp(dA)                                   # (N, N), diagonal here
@@ -40,8 +40,10 @@ def discretize_zoh(discretize_zoh):
                                "multiply A by delta inside the exp": np.exp(A)})
         assert_close(out[1], B_bar, what="B_bar", rtol=1e-9, atol=1e-12, inputs=inputs,
                      mistakes={"that is Euler's B_bar = delta * B; ZOH gives (exp(dA) - 1) / (dA) * delta * B": delta * B,
-                               "divide by delta * A, then multiply by delta * B (you dropped a delta)": (np.exp(delta * A) - 1) / A * B / delta,
-                               "the sign is flipped: B_bar = (exp(dA) - 1) / (dA) * delta * B, not (1 - exp(dA)) / ...": (1 - np.exp(delta * A)) / A * B})
+                               "divide by delta * A, then multiply by delta * B (you dropped a delta)":
+                                   (np.exp(delta * A) - 1) / A * B / delta,
+                               "the sign is flipped: B_bar = (exp(dA) - 1) / (dA) * delta * B, not (1 - exp(dA)) / ...":
+                                   (1 - np.exp(delta * A)) / A * B})
     return "3 random diagonal SSMs"
 
 
@@ -70,11 +72,11 @@ def _scan_oracle(x, delta, A, B, C, D, a_of=None, b_of=None, skip=True):
 
 
 @exercise
-def selective_scan(selective_scan):
+def selective_scan(your_selective_scan):
     """The sequential selective scan on random shapes (odd channels, lengths 1 and not powers of two)."""
     for b, L, D, N in [(1, 1, 3, 2), (2, 7, 5, 3), (int(rng().integers(1, 4)), int(rng().integers(9, 30)), 6, 4)]:
         x, delta, A, Bm, Cm, Dk = _scan_inputs(b, L, D, N)
-        yours = _out(selective_scan(*map(_t, (x, delta, A, Bm, Cm, Dk))), "selective_scan")
+        yours = _out(your_selective_scan(*map(_t, (x, delta, A, Bm, Cm, Dk))), "selective_scan")
         mistakes = {
             "the D skip is missing: add D * x to C·h": _scan_oracle(x, delta, A, Bm, Cm, Dk, skip=False),
             "you forgot the exp: the state decays by exp(delta * A), not delta * A":
@@ -97,11 +99,11 @@ def _steps(shape):
 
 
 @exercise
-def combine(combine):
+def combine(your_combine):
     """The composition of two steps h -> a h + b, and its associativity, on random tensors."""
     shape = (3, int(rng().integers(2, 7)))
     (a1, b1), (a2, b2), (a3, b3) = _steps(shape), _steps(shape), _steps(shape)
-    out = combine((_t(a1), _t(b1)), (_t(a2), _t(b2)))
+    out = your_combine((_t(a1), _t(b1)), (_t(a2), _t(b2)))
     require(isinstance(out, tuple) and len(out) == 2, f"return a pair (a, b); got {fmt(out)}.")
     h = rng().uniform(-2, 2, shape)
     inputs = {"left (a, b)": (a1, b1), "right (a, b)": (a2, b2)}
@@ -110,10 +112,10 @@ def combine(combine):
     assert_close(out[1], a2 * b1 + b2, what="b of the combined step", inputs=inputs,
                  mistakes={"order matters: left runs first, so right's a scales left's b (a_r * b_l + b_r)": a1 * b2 + b1,
                            "right's a must scale left's b: a_r * b_l + b_r": b1 + b2})
-    a, b = combine((_t(a1), _t(b1)), (_t(a2), _t(b2)))
+    a, b = your_combine((_t(a1), _t(b1)), (_t(a2), _t(b2)))
     assert_close(a * _t(h) + b, a2 * (a1 * h + b1) + b2, what="the combined step applied to a random h")
-    l = combine(combine((_t(a1), _t(b1)), (_t(a2), _t(b2))), (_t(a3), _t(b3)))
-    r = combine((_t(a1), _t(b1)), combine((_t(a2), _t(b2)), (_t(a3), _t(b3))))
+    l = your_combine(your_combine((_t(a1), _t(b1)), (_t(a2), _t(b2))), (_t(a3), _t(b3)))
+    r = your_combine((_t(a1), _t(b1)), your_combine((_t(a2), _t(b2)), (_t(a3), _t(b3))))
     assert_close(l[1], r[1], what="(s1 + s2) + s3 against s1 + (s2 + s3): it must be associative")
     return "random steps, the composition and associativity"
 
@@ -127,7 +129,7 @@ def _loop_scan(a, b):
 
 
 @exercise
-def parallel_scan(parallel_scan, combine):
+def parallel_scan(your_parallel_scan, your_combine):
     """An inclusive scan along dim 1 in O(log L) rounds: each round one vectorized call of `combine`."""
     for L in [1, 2, 5, int(rng().integers(17, 40)), 100]:
         a, b = _steps((2, L, 3))
@@ -135,9 +137,9 @@ def parallel_scan(parallel_scan, combine):
 
         def counted(left, right):
             calls.append(1)
-            return combine(left, right)
+            return your_combine(left, right)
 
-        yours = _out(parallel_scan(_t(a), _t(b), counted), "parallel_scan")
+        yours = _out(your_parallel_scan(_t(a), _t(b), counted), "parallel_scan")
         expected = _loop_scan(a, b)
         excl = np.concatenate([np.zeros_like(b[:, :1]), expected[:, :-1]], 1)
         before = np.concatenate([np.ones_like(a[:, :1]), np.cumprod(a, 1)[:, :-1]], 1)
@@ -168,11 +170,11 @@ def _conv_oracle(x, w, bias):
 
 
 @exercise
-def causal_conv1d(causal_conv1d):
+def causal_conv1d(your_causal_conv1d):
     """Depthwise causal conv1d with left padding, against a loop; and no output may see the future."""
     for Bsz, D, L, K in [(1, 3, 2, 4), (2, 5, 11, 4), (2, 7, int(rng().integers(5, 20)), 3)]:
         x, w, bias = rng().uniform(-2, 2, (Bsz, D, L)), rng().uniform(-1, 1, (D, K)), rng().uniform(-1, 1, D)
-        yours = _out(causal_conv1d(_t(x), _t(w), _t(bias)), "causal_conv1d")
+        yours = _out(your_causal_conv1d(_t(x), _t(w), _t(bias)), "causal_conv1d")
         sym = F.conv1d(_t(x), _t(w)[:, None], _t(bias), padding=(K - 1) // 2, groups=D)
         right = F.conv1d(F.pad(_t(x), (0, K - 1)), _t(w)[:, None], _t(bias), groups=D)
         flipped = _conv_oracle(x, w[:, ::-1], bias)
@@ -184,7 +186,7 @@ def causal_conv1d(causal_conv1d):
         t = int(rng().integers(0, L))
         x2 = x.copy()
         x2[:, :, t] += 1.0
-        after = causal_conv1d(_t(x2), _t(w), _t(bias))
+        after = your_causal_conv1d(_t(x2), _t(w), _t(bias))
         assert_close(np.asarray(after)[:, :, :t], np.asarray(yours)[:, :, :t],
                      what=f"outputs before position {t} after changing the input at {t}",
                      hint="an output may depend only on inputs at its own position or earlier.")
@@ -236,12 +238,12 @@ def _block_oracle(blk, u, softplus_at="dt_proj", gate=True, conv=True, **scan_mi
 
 
 @exercise
-def block_forward(block_forward):
+def block_forward(your_block_forward):
     """The Mamba block forward on a random block (float64), against an oracle written another way."""
     for _ in range(2):
         blk = _random_block()
-        u = _t(rng().uniform(-1.5, 1.5, (2, int(rng().integers(5, 14)), blk.cfg.d_model)))
-        yours = _out(block_forward(blk, u), "block_forward")
+        u = _t(rng().uniform(-1.5, 1.5, (2, int(rng().integers(5, 14)), blk.config.d_model)))
+        yours = _out(your_block_forward(blk, u), "block_forward")
         assert_close(yours, _block_oracle(blk, u), what="the block output", rtol=1e-7, atol=1e-9,
                      mistakes={"softplus goes on the output of dt_proj (delta = softplus(dt_proj(dt))), not on dt":
                                    _block_oracle(blk, u, softplus_at="dt"),
@@ -255,16 +257,16 @@ def block_forward(block_forward):
 
 
 @exercise
-def mamba_step(mamba_step):
+def mamba_step(your_mamba_step):
     """One recurrent step, run over a whole sequence from a zero state, against the full-sequence block."""
     blk = _random_block()
     L, Bsz = int(rng().integers(6, 15)), 2
-    u = _t(rng().uniform(-1.5, 1.5, (Bsz, L, blk.cfg.d_model)))
-    D, K, N = blk.cfg.d_inner, blk.cfg.d_conv, blk.cfg.d_state
+    u = _t(rng().uniform(-1.5, 1.5, (Bsz, L, blk.config.d_model)))
+    D, K, N = blk.config.d_inner, blk.config.d_conv, blk.config.d_state
     conv_state, ssm_state = torch.zeros(Bsz, D, K - 1, dtype=torch.float64), torch.zeros(Bsz, D, N, dtype=torch.float64)
     outs = []
     for t in range(L):
-        out = mamba_step(blk, u[:, t], conv_state, ssm_state)
+        out = your_mamba_step(blk, u[:, t], conv_state, ssm_state)
         require(isinstance(out, tuple) and len(out) == 3,
                 f"return (output, conv_state, ssm_state); got {fmt(out)}.")
         y, conv_state, ssm_state = out

@@ -114,13 +114,13 @@ SOFTPLUS_FIXED = np.array([710.0, 750.0, 1e4, 36.5, 30.0, 25.0, 20.5, 3.25, 1e-9
 
 
 @exercise
-def softplus(softplus):
+def softplus(your_softplus):
     """softplus(x, out): out[i] = log(1 + exp(x[i])), stable for large |x|, compiled with @njit."""
-    _compiled(softplus, "softplus")
+    _compiled(your_softplus, "softplus")
     x = np.concatenate([SOFTPLUS_FIXED, rng().uniform(-5, 5, size=997), rng().uniform(-800, 800, size=6)])
     x = x[rng().permutation(x.size)]
     out = rng().uniform(-1, 1, size=x.size)
-    result = softplus(x, out)
+    result = your_softplus(x, out)
     require(result is None or result is out, "softplus should write into `out` (and may return it).",
             hint="assign out[i] = ... in the loop instead of building a new array.")
     with np.errstate(over="ignore"):
@@ -144,9 +144,9 @@ def softplus(softplus):
 # ---- 2. the strided index helper ------------------------------------------------------------
 
 @exercise
-def position(position):
+def position(your_position):
     """position(ordinal, shape, strides, offset) -> where that row-major ordinal lives in storage."""
-    _compiled(position, "position")
+    _compiled(your_position, "position")
     n = 0
     for kind, ndim in [("contiguous", 2), ("permuted", 3), ("sliced", 3), ("permuted", 4), ("sliced", 1)]:
         v = View(_odd_shape(ndim), kind)
@@ -154,7 +154,7 @@ def position(position):
         expected = np.lib.stride_tricks.as_strided(np.arange(len(v.buffer)), v.shape,
                                                    tuple(int(s) * 8 for s in v.strides)).ravel() + v.offset
         shape, strides = _ints(v.shape), _ints(v.strides)
-        yours = np.array([position(i, shape, strides, v.offset) for i in range(size)])
+        yours = np.array([your_position(i, shape, strides, v.offset) for i in range(size)])
         inputs = {"shape": v.shape, "strides": tuple(v.strides), "offset": v.offset}
         assert_close(yours, expected, what=f"positions of a {kind} view", atol=0, rtol=0, inputs=inputs,
                      mistakes={"you ignored the strides: those are the positions of a contiguous array":
@@ -163,7 +163,7 @@ def position(position):
                                "the last dim should move fastest: peel dims off the ordinal from the last one":
                                _column_major(v)})
         n += 1
-    p = position(np.uint64(size - 1), shape, strides, v.offset)
+    p = your_position(np.uint64(size - 1), shape, strides, v.offset)
     require(isinstance(p, (int, np.integer)),
             f"called with an unsigned ordinal, as a prange loop index is (np.uint64), position returned "
             f"{fmt(p)} of type {type(p).__name__}, not an integer, so it cannot index an array.",
@@ -181,15 +181,15 @@ def _run_map(strided_map, a, out):
 
 
 @exercise
-def strided_map(strided_map):
+def strided_map(your_strided_map):
     """strided_map(fn, out, out_shape, out_strides, a, a_strides): out[i] = fn(a[i]) on strided views."""
-    _compiled(strided_map, "strided_map", parallel=True)
+    _compiled(your_strided_map, "strided_map", parallel=True)
     cases = [("contiguous", "contiguous", 2), ("contiguous", "permuted", 3), ("sliced", "permuted", 3),
              ("permuted", "sliced", 4)]
     for out_kind, a_kind, ndim in cases:
         shape = _odd_shape(ndim)
         a, out = View(shape, a_kind), View(shape, out_kind)
-        _run_map(strided_map, a, out)
+        _run_map(your_strided_map, a, out)
         x = a.numpy()
         assert_close(out.numpy(), x**3 - 2 * x, what=f"out (a {out_kind} view) from a {a_kind} input",
                      rtol=1e-12, atol=1e-12, inputs={"shape": shape, "a_strides": tuple(a.strides),
@@ -222,9 +222,9 @@ ZIP_FIXED = [("fixed", "permuted", "sliced", ((7, 7), (7, 7), (7,))),
 
 
 @exercise
-def strided_zip(strided_zip):
+def strided_zip(your_strided_zip):
     """strided_zip(fn, out, out_shape, out_strides, a, a_shape, a_strides, b, b_shape, b_strides)."""
-    _compiled(strided_zip, "strided_zip", parallel=True)
+    _compiled(your_strided_zip, "strided_zip", parallel=True)
     cases = [("same", "permuted", "sliced", 3), ("broadcast", "contiguous", "contiguous", 2),
              ("broadcast", "permuted", "sliced", 3), ("broadcast", "sliced", "permuted", 4)]
     cases += ZIP_FIXED
@@ -239,7 +239,7 @@ def strided_zip(strided_zip):
             out_shape, a, b = _broadcast_case(kind_a, kind_b, ndim)
         out = View(out_shape, "contiguous")
         before = out.buffer.copy()
-        strided_zip(_combine, out.storage, _ints(out_shape), out.strides, a.storage, _ints(a.shape), a.strides,
+        your_strided_zip(_combine, out.storage, _ints(out_shape), out.strides, a.storage, _ints(a.shape), a.strides,
                     b.storage, _ints(b.shape), b.strides)
         require(out.padding_intact(before), "your zip wrote outside its output.",
                 hint="loop over the output's ordinals only: range(size of out_shape).")
@@ -263,10 +263,10 @@ _RACE = ("a race: several threads read-modify-write the same output element and 
 
 
 @exercise
-def sum_dim(sum_dim, sum_kernel):
+def sum_dim(your_sum_dim, your_sum_kernel):
     """sum_dim(a, shape, strides, dim) -> a fresh array of shape with shape[dim] = 1 (keepdim),
     computed by the parallel kernel sum_kernel(out, out_shape, a, a_strides, dim, n)."""
-    _compiled(sum_kernel, "sum_kernel", parallel=True)
+    _compiled(your_sum_kernel, "sum_kernel", parallel=True)
     cases = [("permuted", 3, 1), ("sliced", 3, 0), ("contiguous", 2, 1), ("permuted", 4, 3), ("sliced", 1, 0),
              ("broadcast", 3, 1), ("broadcast", 2, 0)]
     for kind, ndim, dim in cases:
@@ -274,9 +274,9 @@ def sum_dim(sum_dim, sum_kernel):
         x = v.numpy()
         expected = x.sum(axis=dim, keepdims=True)
         inputs = {"shape": v.shape, "strides": tuple(v.strides), "dim": dim}
-        yours = sum_dim(v.storage, _ints(v.shape), v.strides, dim)
+        yours = your_sum_dim(v.storage, _ints(v.shape), v.strides, dim)
         require(isinstance(yours, np.ndarray), f"sum_dim should return a numpy array, got {type(yours).__name__}.")
-        again = sum_dim(v.storage, _ints(v.shape), v.strides, dim)
+        again = your_sum_dim(v.storage, _ints(v.shape), v.strides, dim)
         require(np.shape(again) == yours.shape and np.array_equal(again, yours),
                 f"two runs on the same {kind} view of shape {v.shape} (dim {dim}) gave different sums.", hint=_RACE)
         assert_close(yours, expected, what=f"the sum over dim {dim} of a {kind} view",
@@ -291,7 +291,7 @@ def sum_dim(sum_dim, sum_kernel):
         out_shape = _ints(v.shape)
         out_shape[dim] = 1
         out = np.zeros(expected.size)
-        sum_kernel(out, out_shape, v.storage, v.strides, dim, v.shape[dim])
+        your_sum_kernel(out, out_shape, v.storage, v.strides, dim, v.shape[dim])
         assert_close(out, expected.ravel(), what=f"sum_kernel's flat out for the sum over dim {dim} of a {kind} view",
                      rtol=1e-10, atol=1e-12, inputs=inputs,
                      hint="sum_kernel must compute the sums itself: out[i] is the sum of the line of a that "
@@ -302,7 +302,7 @@ def sum_dim(sum_dim, sum_kernel):
     v = View((2, 300_001), "contiguous")
     expected = v.numpy().sum(axis=1, keepdims=True)
     for run in range(3):
-        yours = sum_dim(v.storage, _ints(v.shape), v.strides, 1)
+        yours = your_sum_dim(v.storage, _ints(v.shape), v.strides, 1)
         assert_close(yours, expected, what=f"run {run + 1} of 3 of a sum over a long dim (shape (2, 300001))",
                      rtol=1e-9, atol=1e-9,
                      hint=_RACE)
@@ -312,9 +312,9 @@ def sum_dim(sum_dim, sum_kernel):
 # ---- 6. the parallel matmul -----------------------------------------------------------------
 
 @exercise
-def matmul(matmul):
+def matmul(your_matmul):
     """matmul(out, a, b) writes a @ b into out (whatever out held before), for 2-D arrays."""
-    _compiled(matmul, "matmul", parallel=True)
+    _compiled(your_matmul, "matmul", parallel=True)
     # A race (prange over the reduction dim k: threads add into the same out[i, j]) loses updates
     # only when two threads overlap, so every product runs 3 times, on every thread, and one case
     # has a long k and a short row, where the threads collide on almost every update.
@@ -326,7 +326,7 @@ def matmul(matmul):
         for run in range(repeats):
             out = rng().uniform(-1, 1, size=(n, m))
             garbage = out.copy()
-            matmul(out, a, b)
+            your_matmul(out, a, b)
             assert_close(out, a @ b, what=f"out for a {n}x{k} times a {k}x{m} (run {run + 1} of {repeats})",
                          rtol=1e-10, atol=1e-10, inputs={"a": a, "b": b},
                          mistakes={"out was not zero when you started accumulating: set out to 0 first":

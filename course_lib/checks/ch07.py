@@ -87,34 +87,34 @@ def _race_check(run_once, case, first_result, what):
 # ---- 1. to 7.: one thread, one element ------------------------------------------------------
 
 @exercise
-def map_add10(kernel):
+def map_add10(your_kernel):
     """out[i] = a[i] + 10 with one block of exactly a.size threads."""
     for n in _sizes(3, 30, 4):
         a, out = rng().uniform(-5, 5, n), _nan_out(n)
-        _run(kernel, 1, n, a, out)
+        _run(your_kernel, 1, n, a, out)
         _compare(out, a + 10, f"out for n = {n}", inputs={"a": a},
                  mistakes={"you wrote a[i] + 1; the puzzle adds 10": a + 1})
     return "3 random sizes"
 
 
 @exercise
-def zip_add(kernel):
+def zip_add(your_kernel):
     """out[i] = a[i] + b[i]."""
     for n in _sizes(3, 30, 4):
         a, b, out = rng().uniform(-5, 5, n), rng().uniform(-5, 5, n), _nan_out(n)
-        _run(kernel, 1, n, a, b, out)
+        _run(your_kernel, 1, n, a, b, out)
         _compare(out, a + b, f"out for n = {n}", inputs={"a": a, "b": b},
                  mistakes={"you added a to itself; add b": 2 * a, "you added b to itself; add a": 2 * b})
     return "3 random sizes"
 
 
 @exercise
-def guard_add10(kernel):
+def guard_add10(your_kernel):
     """More threads than elements: out[i] = a[i] + 10 only where i < a.size."""
     for n in _sizes(3, 30, 8):
         a, out = rng().uniform(-5, 5, n), _nan_out(n)
         try:
-            _run(kernel, 1, blocks_for(n, 8) * 8 + 8, a, out)
+            _run(your_kernel, 1, blocks_for(n, 8) * 8 + 8, a, out)
         except CheckFailed as e:
             raise _guard_hint(e) from None
         _compare(out, a + 10, f"out for n = {n}", inputs={"a": a})
@@ -140,13 +140,13 @@ def _map2d(kernel, config, what, hint=GRID2_HINT):
 
 
 @exercise
-def map2d_add10(kernel):
+def map2d_add10(your_kernel):
     """One 2-D block of (x = columns + 1, y = rows + 2) threads: out[row, col] = a[row, col] + 10."""
-    return _map2d(kernel, lambda i, r, c: (1, (c + 1, r + 2)), "out")
+    return _map2d(your_kernel, lambda i, r, c: (1, (c + 1, r + 2)), "out")
 
 
 @exercise
-def broadcast_add(kernel):
+def broadcast_add(your_kernel):
     """out[row, col] = a[row, 0] + b[0, col], one 2-D block a little larger than out."""
     for _ in range(3):
         rows, cols = int(rng().integers(3, 8)), int(rng().integers(9, 14))
@@ -154,7 +154,7 @@ def broadcast_add(kernel):
             rows, cols = cols, rows
         a, b, out = rng().uniform(-5, 5, (rows, 1)), rng().uniform(-5, 5, (1, cols)), _nan_out((rows, cols))
         try:
-            _run(kernel, 1, (cols + 2, rows + 1), a, b, out)
+            _run(your_kernel, 1, (cols + 2, rows + 1), a, b, out)
         except CheckFailed as e:
             raise CheckFailed(f"{e}\n  hint: a has one column and b one row: read a[row, 0] and b[0, col], "
                               f"and guard with out.shape.") from None
@@ -168,13 +168,13 @@ BLOCKS_2D = ((4, 4), (8, 2), (3, 5))       # 2-D blocks, square and rectangular 
 
 
 @exercise
-def blocks_add10(kernel):
+def blocks_add10(your_kernel):
     """Many blocks of 8, then 5, then 16 threads: i = blockIdx.x * blockDim.x + threadIdx.x."""
     for tpb in BLOCK_SIZES:
         n = _sizes(12, 45, tpb, k=1)[0]
         a, out = rng().uniform(-5, 5, n), _nan_out(n)
         try:
-            _run(kernel, blocks_for(n, tpb), tpb, a, out)
+            _run(your_kernel, blocks_for(n, tpb), tpb, a, out)
         except CheckFailed as e:
             raise _guard_hint(e) from None
         first_only = np.where(np.arange(n) < tpb, a + 10, np.nan)
@@ -192,9 +192,9 @@ def _blocks_2d(i, rows, cols):
 
 
 @exercise
-def blocks2d_add10(kernel):
+def blocks2d_add10(your_kernel):
     """A 2-D grid of 4x4, 8x2 and 3x5 blocks over a non-square matrix, with cuda.grid(2)."""
-    _map2d(kernel, _blocks_2d, "out", hint=GRID2_HINT + " The blocks are not always square: take x with "
+    _map2d(your_kernel, _blocks_2d, "out", hint=GRID2_HINT + " The blocks are not always square: take x with "
            "blockDim.x and y with blockDim.y, or let cuda.grid(2) do it.")
     return "3 random non-square shapes, with 4x4, 8x2 and 3x5 blocks"
 
@@ -217,21 +217,21 @@ def _reverse_blocks(a, tpb):
 
 
 @exercise
-def block_reverse(kernel, tpb):
+def block_reverse(your_kernel, your_tpb):
     """Each block of tpb threads reverses its chunk of a (the last chunk may be shorter)."""
     def run_once(a):
         out = _nan_out(a.size)
-        _run(kernel, blocks_for(a.size, tpb), tpb, a, out)
+        _run(your_kernel, blocks_for(a.size, your_tpb), your_tpb, a, out)
         return out
 
-    cases = [(rng().uniform(-5, 5, n),) for n in _sizes(tpb + 1, 4 * tpb, tpb)]
-    _shared_check(run_once, cases, lambda a: _reverse_blocks(a, tpb), lambda a: f"out for n = {a.size}",
+    cases = [(rng().uniform(-5, 5, n),) for n in _sizes(your_tpb + 1, 4 * your_tpb, your_tpb)]
+    _shared_check(run_once, cases, lambda a: _reverse_blocks(a, your_tpb), lambda a: f"out for n = {a.size}",
                   hint="the last block holds only a.size - start elements: reverse within those.",
                   mistakes_fn=lambda a: {"you reversed the whole array; reverse each block's chunk": a[::-1],
                                          "the last, partial block is reversed as if it were full":
-                                         np.concatenate([_reverse_blocks(a[:a.size // tpb * tpb], tpb),
-                                                         a[a.size // tpb * tpb:]])})
-    return f"3 random sizes with {tpb} threads per block, and a rerun for races"
+                                         np.concatenate([_reverse_blocks(a[:a.size // your_tpb * your_tpb], your_tpb),
+                                                         a[a.size // your_tpb * your_tpb:]])})
+    return f"3 random sizes with {your_tpb} threads per block, and a rerun for races"
 
 
 def _pool3_ref(a):
@@ -242,45 +242,45 @@ def _pool3_ref(a):
 
 
 @exercise
-def pool3(kernel, tpb):
+def pool3(your_kernel, your_tpb):
     """out[i] = a[i-2] + a[i-1] + a[i] (terms before the start count 0), through shared memory."""
     def run_once(a):
         out = _nan_out(a.size)
-        _run(kernel, blocks_for(a.size, tpb), tpb, a, out)
+        _run(your_kernel, blocks_for(a.size, your_tpb), your_tpb, a, out)
         return out
 
     def mistakes(a):
         wrapped = a + np.roll(a, 1) + np.roll(a, 2)
-        per_block = np.concatenate([_pool3_ref(a[s:s + tpb]) for s in range(0, a.size, tpb)])
+        per_block = np.concatenate([_pool3_ref(a[s:s + your_tpb]) for s in range(0, a.size, your_tpb)])
         return {"a[-1] and a[-2] wrapped around to the end of the array: treat them as 0": wrapped,
                 "each block starts from 0: load the 2 elements before the block (the halo) too": per_block}
 
-    cases = [(rng().uniform(-5, 5, n),) for n in _sizes(tpb + 3, 4 * tpb, tpb)]
+    cases = [(rng().uniform(-5, 5, n),) for n in _sizes(your_tpb + 3, 4 * your_tpb, your_tpb)]
     _shared_check(run_once, cases, _pool3_ref, lambda a: f"out for n = {a.size}", mistakes_fn=mistakes)
-    return f"3 random sizes with {tpb} threads per block, and a rerun for races"
+    return f"3 random sizes with {your_tpb} threads per block, and a rerun for races"
 
 
 @exercise
-def dot_partial(kernel, tpb):
+def dot_partial(your_kernel, your_tpb):
     """partial[b] = sum of a[i] * b[i] over block b's chunk, by a tree reduction in shared memory."""
     def run_once(a, b):
-        partial = _nan_out(blocks_for(a.size, tpb))
-        _run(kernel, partial.size, tpb, a, b, partial)
+        partial = _nan_out(blocks_for(a.size, your_tpb))
+        _run(your_kernel, partial.size, your_tpb, a, b, partial)
         return partial
 
     def expected(a, b):
-        return np.add.reduceat(a * b, np.arange(0, a.size, tpb))
+        return np.add.reduceat(a * b, np.arange(0, a.size, your_tpb))
 
     def mistakes(a, b):
         return {"only part of each block was summed: the tree must run until step 0 (TPB/2, TPB/4, ... 1)":
-                np.array([(a * b)[s:s + tpb // 2].sum() for s in range(0, a.size, tpb)]),
-                "you summed a + b; multiply first": np.add.reduceat(a + b, np.arange(0, a.size, tpb))}
+                np.array([(a * b)[s:s + your_tpb // 2].sum() for s in range(0, a.size, your_tpb)]),
+                "you summed a + b; multiply first": np.add.reduceat(a + b, np.arange(0, a.size, your_tpb))}
 
-    cases = [(rng().uniform(-2, 2, n), rng().uniform(-2, 2, n)) for n in _sizes(tpb + 1, 4 * tpb, tpb)]
+    cases = [(rng().uniform(-2, 2, n), rng().uniform(-2, 2, n)) for n in _sizes(your_tpb + 1, 4 * your_tpb, your_tpb)]
     _shared_check(run_once, cases, expected, lambda a, b: f"partial sums for n = {a.size}",
                   hint="threads past the end must put 0 in shared memory; sum with a barrier after each level.",
                   mistakes_fn=mistakes)
-    return f"3 random sizes with {tpb} threads per block, and a rerun for races"
+    return f"3 random sizes with {your_tpb} threads per block, and a rerun for races"
 
 
 def _conv_ref(a, w):
@@ -289,62 +289,62 @@ def _conv_ref(a, w):
 
 
 @exercise
-def conv1d(kernel, tpb, max_k):
+def conv1d(your_kernel, your_tpb, your_max_k):
     """out[i] = sum_k a[i + k] * w[k], with a read as 0 past its end."""
     def run_once(a, w):
         out = _nan_out(a.size)
-        _run(kernel, blocks_for(a.size, tpb), tpb, a, w, out)
+        _run(your_kernel, blocks_for(a.size, your_tpb), your_tpb, a, w, out)
         return out
 
     def mistakes(a, w):
         flipped = _conv_ref(a, w[::-1])
-        per_block = np.concatenate([_conv_ref(a[s:s + tpb], w) for s in range(0, a.size, tpb)])
+        per_block = np.concatenate([_conv_ref(a[s:s + your_tpb], w) for s in range(0, a.size, your_tpb)])
         return {"the weights are flipped (that is np.convolve); use a[i + k] * w[k]": flipped,
                 "each block stops at its own end: load the K-1 elements after the block (the halo) too": per_block}
 
     cases = []
-    for n in _sizes(tpb + 2, 4 * tpb, tpb):
-        k = int(rng().integers(2, max_k + 1))
+    for n in _sizes(your_tpb + 2, 4 * your_tpb, your_tpb):
+        k = int(rng().integers(2, your_max_k + 1))
         cases.append((rng().uniform(-2, 2, n), rng().uniform(-2, 2, k)))
     _shared_check(run_once, cases, _conv_ref, lambda a, w: f"out for n = {a.size}, K = {w.size}",
                   mistakes_fn=mistakes)
-    return f"3 random sizes and kernel lengths, and a rerun for races"
+    return "3 random sizes and kernel lengths, and a rerun for races"
 
 
 @exercise
-def block_scan(kernel, tpb):
+def block_scan(your_kernel, your_tpb):
     """Inclusive scan inside each block, and the block's total in block_sums; then the full
     prefix sum built from it (block scans, a scan of the totals, offsets)."""
     def run_once(a):
-        out, sums = _nan_out(a.size), _nan_out(blocks_for(a.size, tpb))
-        _run(kernel, sums.size, tpb, a, out, sums)
+        out, sums = _nan_out(a.size), _nan_out(blocks_for(a.size, your_tpb))
+        _run(your_kernel, sums.size, your_tpb, a, out, sums)
         return np.concatenate([out, sums])
 
     def expected(a):
-        starts = np.arange(0, a.size, tpb)
-        local = np.concatenate([np.cumsum(a[s:s + tpb]) for s in starts])
+        starts = np.arange(0, a.size, your_tpb)
+        local = np.concatenate([np.cumsum(a[s:s + your_tpb]) for s in starts])
         return np.concatenate([local, np.add.reduceat(a, starts)])
 
     def mistakes(a):
         e = expected(a)
-        exclusive = np.concatenate([np.cumsum(a[s:s + tpb]) - a[s:s + tpb] for s in range(0, a.size, tpb)])
+        exclusive = np.concatenate([np.cumsum(a[s:s + your_tpb]) - a[s:s + your_tpb] for s in range(0, a.size, your_tpb)])
         return {"that is the exclusive scan (each sum leaves out its own element)":
                 np.concatenate([exclusive, e[a.size:]])}
 
-    cases = [(rng().uniform(-2, 2, n),) for n in _sizes(tpb + 1, 3 * tpb, tpb)]
+    cases = [(rng().uniform(-2, 2, n),) for n in _sizes(your_tpb + 1, 3 * your_tpb, your_tpb)]
     _shared_check(run_once, cases, expected,
                   lambda a: f"[block scans of out, then block_sums] for n = {a.size}",
                   hint="Hillis-Steele: at each step read buf[t - step] into a local, syncthreads, add, syncthreads.",
                   mistakes_fn=mistakes)
     # The whole prefix sum over several blocks, with your kernel for the block scans.
-    a = rng().uniform(-2, 2, int(tpb * rng().integers(3, 6) + rng().integers(1, tpb)))
+    a = rng().uniform(-2, 2, int(your_tpb * rng().integers(3, 6) + rng().integers(1, your_tpb)))
 
     def scan(x):
-        nb = blocks_for(x.size, tpb)
+        nb = blocks_for(x.size, your_tpb)
         out, sums = np.empty_like(x), np.empty(nb)
-        _run(kernel, nb, tpb, x, out, sums)
+        _run(your_kernel, nb, your_tpb, x, out, sums)
         if nb > 1:
-            _run(k_add_offsets, nb, tpb, out, scan(sums))
+            _run(k_add_offsets, nb, your_tpb, out, scan(sums))
         return out
 
     _compare(scan(a), np.cumsum(a), f"the full prefix sum of {a.size} elements", rtol=1e-9, atol=1e-8)
@@ -352,18 +352,18 @@ def block_scan(kernel, tpb):
 
 
 @exercise
-def row_sum(kernel, tpb):
+def row_sum(your_kernel, your_tpb):
     """One block per row of a (rows, cols) matrix: out[row] = a[row, :].sum()."""
     def run_once(a):
         out = _nan_out(a.shape[0])
-        _run(kernel, a.shape[0], tpb, a, out)
+        _run(your_kernel, a.shape[0], your_tpb, a, out)
         return out
 
     def mistakes(a):
         return {"only the first tpb columns were summed: loop over col = t, t + tpb, t + 2*tpb, ...":
-                a[:, :tpb].sum(1)}
+                a[:, :your_tpb].sum(1)}
 
-    cases = [(rng().uniform(-2, 2, (int(rng().integers(2, 5)), c)),) for c in _sizes(tpb + 1, 4 * tpb, tpb)]
+    cases = [(rng().uniform(-2, 2, (int(rng().integers(2, 5)), c)),) for c in _sizes(your_tpb + 1, 4 * your_tpb, your_tpb)]
     _shared_check(run_once, cases, lambda a: a.sum(1), lambda a: f"row sums of a {a.shape[0]}x{a.shape[1]} matrix",
                   mistakes_fn=mistakes)
     return "3 random shapes wider than a block, and a rerun for races"
@@ -396,10 +396,10 @@ def _run_matmul(kernel, block, A, B):
 
 
 @exercise
-def matmul_naive(kernel):
+def matmul_naive(your_kernel):
     """C = A @ B, one thread per element of C, blocks of 8x8, then rectangular 16x4 and 4x8."""
     for (A, B), block in zip(_matmul_cases(), ((8, 8), (16, 4), (4, 8))):
-        C = _run_matmul(kernel, block, A, B)
+        C = _run_matmul(your_kernel, block, A, B)
         ref = A.astype(np.float64) @ B.astype(np.float64)
         _compare(C, ref, f"C for A {A.shape} @ B {B.shape}, blocks of {block[0]}x{block[1]}", rtol=1e-4,
                  atol=1e-5, hint=GRID2_HINT + " The blocks are not always square: use cuda.grid(2), or "
@@ -409,25 +409,25 @@ def matmul_naive(kernel):
 
 
 @exercise
-def matmul_tiled(kernel, tile):
+def matmul_tiled(your_kernel, your_tile):
     """C = A @ B with tile x tile shared-memory tiles; K is never a multiple of the tile."""
     def mat(r, c):
         return rng().uniform(-1, 1, (r, c)).astype(np.float32)
 
     first, cases = None, []
-    for k in (int(rng().integers(2, tile)),                       # K smaller than one tile
-              tile + int(rng().integers(1, tile)),                # one full tile and a partial one
-              2 * tile + int(rng().integers(1, tile))):           # two full tiles and a partial one
-        m, n = (int(v) for v in rng().choice(np.arange(5, 2 * tile), size=2, replace=False))
+    for k in (int(rng().integers(2, your_tile)),                       # K smaller than one tile
+              your_tile + int(rng().integers(1, your_tile)),                # one full tile and a partial one
+              2 * your_tile + int(rng().integers(1, your_tile))):           # two full tiles and a partial one
+        m, n = (int(v) for v in rng().choice(np.arange(5, 2 * your_tile), size=2, replace=False))
         cases.append((mat(m, k), mat(k, n)))
-    run_once = lambda A, B: _run_matmul(kernel, (tile, tile), A, B)
+    run_once = lambda A, B: _run_matmul(your_kernel, (your_tile, your_tile), A, B)
     for A, B in cases:
         C = run_once(A, B)
         first = C if first is None else first
         A64, B64 = A.astype(np.float64), B.astype(np.float64)
-        full = A.shape[1] // tile * tile
+        full = A.shape[1] // your_tile * your_tile
         _compare_or_race(run_once, (A, B), C, lambda y: _compare(
-            y, A64 @ B64, f"C for A {A.shape} @ B {B.shape} with {tile}x{tile} tiles", rtol=1e-4, atol=1e-5,
+            y, A64 @ B64, f"C for A {A.shape} @ B {B.shape} with {your_tile}x{your_tile} tiles", rtol=1e-4, atol=1e-5,
             mistakes={"the last, partial tile of K was dropped: loop over ceil(K / TILE) tiles and load "
                       "0 past the edge": A64[:, :full] @ B64[:full]}))
     _race_check(run_once, cases[0], first, "C")

@@ -12,8 +12,8 @@ from course_lib.checks import CheckFailed, assert_close, exercise, require, rng
 
 _names = itertools.count()
 
-WRONG_ORDER = ("are the gradients in the wrong order? backward must return one gradient per input of forward, in the order of forward's "
-               "arguments: (dx, db) here, not (db, dx)")
+WRONG_ORDER = ("are the gradients in the wrong order? backward must return one gradient per input of forward, "
+               "in the order of forward's arguments: (dx, db) here, not (db, dx)")
 
 
 def _t(shape, grad=False):
@@ -54,7 +54,8 @@ def _grads(out, inputs, dy):
 
 
 def _bias_relu_case():
-    shape = (int(rng().integers(2, 5)), int(rng().integers(2, 6))) + tuple(int(v) for v in rng().integers(1, 7, size=int(rng().integers(0, 3))))
+    extra = rng().integers(1, 7, size=int(rng().integers(0, 3)))
+    shape = (int(rng().integers(2, 5)), int(rng().integers(2, 6))) + tuple(int(v) for v in extra)
     x, b = _t(shape, True), _t(shape[1], True)
     bview = b.view(-1, *([1] * (len(shape) - 2)))
     return x, b, bview
@@ -82,24 +83,24 @@ def _check_bias_relu_grads(out, x, b, bview, what):
 
 
 @exercise
-def bias_relu(BiasReLU):
+def bias_relu(your_BiasReLU):
     """A torch.autograd.Function computing relu(x + b) with its own backward."""
-    require(isinstance(BiasReLU, type) and issubclass(BiasReLU, torch.autograd.Function),
-            f"expected a subclass of torch.autograd.Function, got {BiasReLU!r}.")
+    require(isinstance(your_BiasReLU, type) and issubclass(your_BiasReLU, torch.autograd.Function),
+            f"expected a subclass of torch.autograd.Function, got {your_BiasReLU!r}.")
     for _ in range(3):
         x, b, bview = _bias_relu_case()
-        _check_bias_relu_grads(BiasReLU.apply(x, b), x, b, bview, "BiasReLU")
+        _check_bias_relu_grads(your_BiasReLU.apply(x, b), x, b, bview, "BiasReLU")
     x, b, _ = _bias_relu_case()
-    require(torch.autograd.gradcheck(BiasReLU.apply, (x, b), raise_exception=False),
+    require(torch.autograd.gradcheck(your_BiasReLU.apply, (x, b), raise_exception=False),
             "torch.autograd.gradcheck disagrees with your backward in float64.")
     return "3 random shapes and gradcheck in float64"
 
 
 @exercise
-def custom_op(register_bias_relu):
+def custom_op(your_register_bias_relu):
     """register_bias_relu(name) registers relu(x + b) with torch.library.custom_op and returns the op."""
     name = f"course_check{next(_names)}_{int(rng().integers(1 << 30))}::bias_relu"
-    op = register_bias_relu(name)
+    op = your_register_bias_relu(name)
     require(isinstance(op, torch._library.custom_ops.CustomOpDef),
             f"register_bias_relu should return what @torch.library.custom_op made, got {op!r}.",
             hint="decorate the function with @torch.library.custom_op(name, mutates_args=()) and return it.")
@@ -132,13 +133,13 @@ def _unfold_hint(yours, x, kh, kw, c):
 
 
 @exercise
-def im2col(im2col):
+def im2col(your_im2col):
     """im2col(x, kh, kw, stride, padding, dilation) -> (N, C*kh*kw, OH*OW), the layout of F.unfold."""
     for i in range(5):
         xs, ws, c = _conv_case(rich=i == 0) if i < 4 else FIXED_CASE
         x = _t(xs)
         kh, kw = ws[2:]
-        yours = im2col(x, kh, kw, **c)
+        yours = your_im2col(x, kh, kw, **c)
         expected = F.unfold(x, (kh, kw), **c)
         if hasattr(yours, "shape") and tuple(yours.shape) != tuple(expected.shape):
             raise CheckFailed(f"im2col's result has the wrong shape: yours {tuple(yours.shape)}, expected "
@@ -164,12 +165,12 @@ def _conv_mistakes(x, w, b, c):
 
 
 @exercise
-def conv2d_forward(conv2d_forward):
+def conv2d_forward(your_conv2d_forward):
     """conv2d_forward(x, w, b, stride, padding, dilation) through im2col and one matmul, against F.conv2d."""
     for i in range(5):
         xs, ws, c = _conv_case(rich=i == 0) if i < 4 else FIXED_CASE
         x, w, b = _t(xs), _t(ws), _t(ws[0])
-        yours = conv2d_forward(x, w, b, **c)
+        yours = your_conv2d_forward(x, w, b, **c)
         expected = F.conv2d(x, w, b, **c)
         if hasattr(yours, "shape") and tuple(yours.shape) != tuple(expected.shape):
             raise CheckFailed(f"conv2d's output has the wrong shape: yours {tuple(yours.shape)}, expected "
@@ -188,12 +189,12 @@ def _conv_grads(xs, ws, c):
 
 
 @exercise
-def conv2d_weight_grad(conv2d_weight_grad):
+def conv2d_weight_grad(your_conv2d_weight_grad):
     """conv2d_weight_grad(x, dy, w_shape, stride, padding, dilation) = dL/dw, against autograd of F.conv2d."""
     for i in range(4):
         xs, ws, c = _conv_case(rich=i == 0)
         x, w, dy, _, dw = _conv_grads(xs, ws, c)
-        yours = conv2d_weight_grad(x, dy, ws, **c)
+        yours = your_conv2d_weight_grad(x, dy, ws, **c)
         wr = w.clone().requires_grad_(True)
         dw_first = torch.autograd.grad(F.conv2d(x[:1], wr, None, **c), wr, dy[:1])[0]
         wf = w.clone().requires_grad_(True)
@@ -205,24 +206,25 @@ def conv2d_weight_grad(conv2d_weight_grad):
         assert_close(yours, dw, what=f"dL/dw for x {xs}, w {ws}, {c}", mistakes=mistakes)
     xs, ws, c = _conv_case(rich=True)
     x, w, dy, _, _ = _conv_grads(xs, ws, c)
-    yours, wv = conv2d_weight_grad(x, dy, ws, **c), w.clone()
+    yours, wv = your_conv2d_weight_grad(x, dy, ws, **c), w.clone()
     _gradient_check(yours, lambda: (F.conv2d(x, wv, None, **c) * dy).sum(), wv, f"dL/dw for x {xs}, w {ws}, {c}", h=1e-4)
     return "4 random shapes with stride, padding and dilation, and chapter 00's gradient check"
 
 
 @exercise
-def conv2d_input_grad(conv2d_input_grad):
+def conv2d_input_grad(your_conv2d_input_grad):
     """conv2d_input_grad(dy, w, x_shape, stride, padding, dilation) = dL/dx, against autograd of F.conv2d."""
     for i in range(4):
         xs, ws, c = _conv_case(rich=i == 0)
         x, w, dy, dx, _ = _conv_grads(xs, ws, c)
-        yours = conv2d_input_grad(dy, w, xs, **c)
+        yours = your_conv2d_input_grad(dy, w, xs, **c)
         if hasattr(yours, "shape") and tuple(yours.shape) != tuple(xs):
             p = c["padding"]
             hint = ("crop the padding off: return the [p:p+H, p:p+W] part of the padded gradient"
                     if tuple(yours.shape) == (xs[0], xs[1], xs[2] + 2 * p, xs[3] + 2 * p) else
                     "dL/dx has the shape of x")
-            raise CheckFailed(f"dL/dx has the wrong shape: yours {tuple(yours.shape)}, expected {xs} for w {ws}, {c}.\n  hint: {hint}")
+            raise CheckFailed(f"dL/dx has the wrong shape: yours {tuple(yours.shape)}, expected {xs} for w {ws}, {c}.\n"
+                              f"  hint: {hint}")
         xr = x.clone().requires_grad_(True)
         dx_flip = torch.autograd.grad(F.conv2d(xr, w.flip(2, 3), None, **c), xr, dy)[0]
         assert_close(yours, dx, what=f"dL/dx for x {xs}, w {ws}, {c}",
@@ -230,7 +232,7 @@ def conv2d_input_grad(conv2d_input_grad):
                                "in w^T @ dy and let col2im put each entry back where im2col took it": dx_flip})
     xs, ws, c = _conv_case(rich=True)
     x, w, dy, _, _ = _conv_grads(xs, ws, c)
-    yours, xv = conv2d_input_grad(dy, w, xs, **c), x.clone()
+    yours, xv = your_conv2d_input_grad(dy, w, xs, **c), x.clone()
     _gradient_check(yours, lambda: (F.conv2d(xv, w, None, **c) * dy).sum(), xv, f"dL/dx for x {xs}, w {ws}, {c}", h=1e-4)
     return "4 random shapes with stride, padding and dilation, and chapter 00's gradient check"
 
@@ -285,10 +287,10 @@ def _numba_case(i):
 
 
 @exercise
-def conv2d_numba(kernel):
+def conv2d_numba(your_kernel):
     """kernel(x, w, b, out, stride, padding) fills out with conv2d, an @njit function on numpy arrays."""
-    require(hasattr(kernel, "py_func") and hasattr(kernel, "signatures"),
-            f"expected a Numba-compiled function, got {kernel!r}.",
+    require(hasattr(your_kernel, "py_func") and hasattr(your_kernel, "signatures"),
+            f"expected a Numba-compiled function, got {your_kernel!r}.",
             hint="put @numba.njit on the line above `def`.")
     for i in range(4):
         xs, ws, s, p = _numba_case(i)
@@ -298,13 +300,14 @@ def conv2d_numba(kernel):
         garbage = rng().uniform(5, 9, size=expected.shape)
         out = garbage.copy()
         x0, w0 = x.copy(), w.copy()
-        kernel(x, w, b, out, s, p)
+        your_kernel(x, w, b, out, s, p)
         require((x == x0).all() and (w == w0).all(), "your kernel changed x or w; it should only write to out.")
         OH, OW = expected.shape[2:]
         pad_after = F.conv2d(F.pad(xt, (0, 2 * p, 0, 2 * p)), wt, bt, stride=s)[..., :OH, :OW]
         mistakes = {
             "your kernel is flipped: that is a true convolution; deep learning's conv2d is a cross-correlation, "
-            "so tap (p, q) reads x[.., i*stride - padding + p, j*stride - padding + q]": F.conv2d(xt, wt.flip(2, 3), bt, stride=s, padding=p),
+            "so tap (p, q) reads x[.., i*stride - padding + p, j*stride - padding + q]":
+                F.conv2d(xt, wt.flip(2, 3), bt, stride=s, padding=p),
             "the stride is ignored: output (i, j) starts reading at row i*stride - padding and column j*stride - padding":
             F.conv2d(xt, wt, bt, stride=1, padding=p)[..., :OH, :OW],
             "the padding sits on one side only: window (i, j) starts at i*stride - padding, not at i*stride "
@@ -328,14 +331,14 @@ def _gelu_tanh_parts(u):
 
 
 @exercise
-def bias_gelu_cpp(BiasGELU):
+def bias_gelu_cpp(your_BiasGELU):
     """A torch.autograd.Function computing gelu_tanh(x + b) (b along dimension 1) with its own backward."""
-    require(isinstance(BiasGELU, type) and issubclass(BiasGELU, torch.autograd.Function),
-            f"expected a subclass of torch.autograd.Function, got {BiasGELU!r}.")
+    require(isinstance(your_BiasGELU, type) and issubclass(your_BiasGELU, torch.autograd.Function),
+            f"expected a subclass of torch.autograd.Function, got {your_BiasGELU!r}.")
     for _ in range(3):
         x, b, bview = _bias_relu_case()
         u = x + bview
-        out = BiasGELU.apply(x, b)
+        out = your_BiasGELU.apply(x, b)
         ref = F.gelu(u, approximate="tanh")
         t, _ = _gelu_tanh_parts(u)
         assert_close(out, ref, what=f"BiasGELU's output for x of shape {tuple(x.shape)}",
@@ -362,10 +365,10 @@ def bias_gelu_cpp(BiasGELU):
                                "db is dy summed, without the GELU's derivative: sum dx, not dy": dy.sum(dim=dims)})
     x = _t((2, 3, 2), True)
     b = _t((3,), True)
-    require(torch.autograd.gradcheck(BiasGELU.apply, (x, b), raise_exception=False),
+    require(torch.autograd.gradcheck(your_BiasGELU.apply, (x, b), raise_exception=False),
             "torch.autograd.gradcheck disagrees with your backward in float64.")
     dy = _t((2, 3, 2))
-    dx = torch.autograd.grad(BiasGELU.apply(x, b), x, dy)[0]
+    dx = torch.autograd.grad(your_BiasGELU.apply(x, b), x, dy)[0]
     xs = x.detach().clone()
-    _gradient_check(dx, lambda: (BiasGELU.apply(xs, b.detach()) * dy).sum(), xs, "dL/dx", tol=1e-5, h=1e-5)
+    _gradient_check(dx, lambda: (your_BiasGELU.apply(xs, b.detach()) * dy).sum(), xs, "dL/dx", tol=1e-5, h=1e-5)
     return "3 random shapes, gradcheck and chapter 00's gradient check in float64"

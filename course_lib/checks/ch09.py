@@ -69,7 +69,7 @@ _EXECUTE_HINT = ('an input named "" is left out: nothing computes it, so do not 
 
 
 @exercise
-def execute(execute):
+def execute(your_execute):
     """execute(graph, feeds) -> list of the graph's outputs, running nodes in a topological order."""
     g, feeds = _sample_graph()
     expected = _ort(g, feeds)
@@ -81,7 +81,7 @@ def execute(execute):
         shuffled.nodes = [shuffled.nodes[i] for i in order]
         before = [n.op_type for n in shuffled.nodes]
         try:
-            yours = execute(shuffled, dict(feeds))
+            yours = your_execute(shuffled, dict(feeds))
         except NotImplementedError:
             raise
         except KeyError as e:
@@ -109,7 +109,7 @@ def execute(execute):
 
 
 @exercise
-def gemm(gemm):
+def gemm(your_gemm):
     """gemm(a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0), against onnxruntime's Gemm."""
     n_cases = 0
     for transA in (0, 1):
@@ -123,7 +123,7 @@ def gemm(gemm):
             alpha, beta = float(rng().uniform(0.5, 2)), float(rng().uniform(0.5, 2))
             attrs = {"alpha": alpha, "beta": beta, "transA": transA, "transB": transB}
             expected = _ort(_node_graph("Gemm", {"a": a, "b": b, "c": c}, attrs), {"a": a, "b": b, "c": c})[0]
-            yours = gemm(a, b, c, alpha=alpha, beta=beta, transA=transA, transB=transB)
+            yours = your_gemm(a, b, c, alpha=alpha, beta=beta, transA=transA, transB=transB)
             A, B = (a.T if transA else a), (b.T if transB else b)
             mistakes = {"beta scales the bias C, alpha the product: you swapped them": beta * (A @ B) + alpha * c,
                         "alpha is missing: Y = alpha * A'B' + beta * C": A @ B + beta * c,
@@ -135,14 +135,14 @@ def gemm(gemm):
                          hint=None if not transB else "with transB=1, B arrives as (N, K): use its transpose.",
                          mistakes=mistakes)
             n_cases += 1
-    no_c = gemm(a, b, None, alpha=alpha, beta=beta, transA=transA, transB=transB)
+    no_c = your_gemm(a, b, None, alpha=alpha, beta=beta, transA=transA, transB=transB)
     assert_close(no_c, alpha * (A @ B), what="Gemm without C", rtol=1e-4, atol=1e-5,
                  hint="C is optional: when it is None, Y = alpha * A'B'.")
     return f"{n_cases + 1} cases over transA, transB, alpha, beta and a row or column bias"
 
 
 @exercise
-def softmax(softmax):
+def softmax(your_softmax):
     """softmax(x, axis=-1) along any axis, stable for large inputs (opset 13 semantics)."""
     import torch
 
@@ -151,25 +151,25 @@ def softmax(softmax):
         x = rng().uniform(-3, 3, size=shape).astype(F32)
         expected = torch.softmax(torch.tensor(x, dtype=torch.float64), dim=axis).numpy()
         e = np.exp(x)
-        assert_close(softmax(x, axis=axis), expected, what=f"softmax over axis {axis} of shape {shape}", rtol=1e-5,
+        assert_close(your_softmax(x, axis=axis), expected, what=f"softmax over axis {axis} of shape {shape}", rtol=1e-5,
                      atol=1e-6, mistakes={"you normalized over the last axis instead of `axis`": e / e.sum(-1, keepdims=True),
                                           "you divided by the sum over all elements, not along `axis`": e / e.sum()})
     big = (rng().uniform(-1, 1, size=(3, 5)) * 50 + 1000).astype(F32)
     expected = torch.softmax(torch.tensor(big, dtype=torch.float64), dim=-1).numpy()
-    assert_close(softmax(big, axis=-1), expected, what="softmax of values near 1000", rtol=1e-5, atol=1e-6,
+    assert_close(your_softmax(big, axis=-1), expected, what="softmax of values near 1000", rtol=1e-5, atol=1e-6,
                  hint="exp(1000) overflows to inf: subtract the max along the axis before exp.")
     # Fixed: rows 500 apart, so subtracting the max of the WHOLE tensor underflows exp to 0 (0/0 = nan)
     # in the lower rows; only the max along the axis, kept per row, works.
     apart = (rng().uniform(-1, 1, size=(3, 5)) + np.array([[0.0], [-500.0], [300.0]])).astype(F32)
     expected = torch.softmax(torch.tensor(apart, dtype=torch.float64), dim=-1).numpy()
-    assert_close(softmax(apart, axis=-1), expected, what="softmax of rows 500 apart", rtol=1e-5, atol=1e-6,
+    assert_close(your_softmax(apart, axis=-1), expected, what="softmax of rows 500 apart", rtol=1e-5, atol=1e-6,
                  hint="subtract the max along `axis` with keepdims=True (one max per row), not the max of "
                       "the whole tensor: rows far below it underflow to 0 and divide 0 by 0.")
     return "axes -1, 0, 1, 2 of a random 3-D tensor, and large values"
 
 
 @exercise
-def reshape(reshape):
+def reshape(your_reshape):
     """reshape(x, shape, allowzero=0) with ONNX's 0 (copy that size) and -1 (infer) rules."""
     cases = []
     a, b, c, d = (int(v) for v in rng().choice(np.arange(2, 8), size=4, replace=False))  # distinct: a 0
@@ -182,7 +182,7 @@ def reshape(reshape):
         expected = _ort(_node_graph("Reshape", {"x": x, "shape": target}, {"allowzero": allowzero}, opset=14),
                         {"x": x, "shape": target})[0]
         try:
-            yours = reshape(x, target, allowzero=allowzero)
+            yours = your_reshape(x, target, allowzero=allowzero)
         except ValueError as e:
             hint = ("\n  hint: a 0 in the target copies the input's size on that axis (unless allowzero=1); "
                     "numpy takes a 0 literally.") if 0 in shape else ""
@@ -192,7 +192,7 @@ def reshape(reshape):
     empty = np.zeros((a, 0), dtype=F32)
     allowzero_hint = "with allowzero=1 a 0 in the target means a size of 0, not 'copy'."
     try:
-        yours = reshape(empty, np.array([0, a], dtype=np.int64), allowzero=1)
+        yours = your_reshape(empty, np.array([0, a], dtype=np.int64), allowzero=1)
     except ValueError as e:
         raise CheckFailed(f"reshape of a {empty.shape} tensor to [0, {a}] with allowzero=1 raised ValueError: {e}"
                           f"\n  hint: {allowzero_hint}") from None
@@ -240,7 +240,7 @@ def _input_dependent(graph):
 
 
 @exercise
-def fold_constants(fold_constants):
+def fold_constants(your_fold_constants):
     """fold_constants(graph) -> a new graph where every node with only constant inputs became an initializer."""
     from course_lib.infer.session import InferenceSession
 
@@ -248,7 +248,7 @@ def fold_constants(fold_constants):
     before = [n.name for n in g.nodes]
     expected = _ort(g, feeds)
     try:
-        folded = fold_constants(g)
+        folded = your_fold_constants(g)
     except KeyError as e:
         raise CheckFailed(f"folding looked up {e}, which is not a constant: you tried to evaluate a node that "
                           "depends on a graph input.\n  hint: a node is constant only if ALL its inputs are "
@@ -306,7 +306,7 @@ def _fusion_graph():
 
 
 @exercise
-def fuse_matmul_add(fuse_matmul_add):
+def fuse_matmul_add(your_fuse_matmul_add):
     """fuse_matmul_add(graph) -> a new graph where MatMul + Add of a constant row bias is one Gemm (2-D
     activation) or one MatMulAdd (any other rank)."""
     from course_lib.infer.session import InferenceSession
@@ -314,7 +314,7 @@ def fuse_matmul_add(fuse_matmul_add):
     g, feeds = _fusion_graph()
     before = [n.name for n in g.nodes]
     expected = _ort(g, feeds)
-    fused = fuse_matmul_add(g)
+    fused = your_fuse_matmul_add(g)
     require(fused is not None, "fuse_matmul_add returned None. Return the new graph.")
     require([n.name for n in g.nodes] == before, "fuse_matmul_add changed the graph it was given.",
             hint="work on graph.copy() and return it.")

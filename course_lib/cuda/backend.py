@@ -17,12 +17,12 @@ One kernel per op name, compiled on first use. The scalar functions are written 
 import math
 
 import numpy as np
+from numba import cuda, float32, float64
 
 from course_lib.cuda.launch import blocks_for, launch
 from course_lib.tensor import tensor_data
 from course_lib.tensor.backend import Backend
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
-from numba import cuda, float32, float64
 
 THREADS = 128   # most threads per block of the elementwise kernels
 TILE = 16       # matmul tile (8 for small matrices)

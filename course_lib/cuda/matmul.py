@@ -7,9 +7,9 @@ reuses them, so each global load serves TILE multiply-adds.
 """
 
 import numpy as np
+from numba import cuda, float32
 
 from course_lib.cuda.launch import blocks_for, launch
-from numba import cuda, float32
 
 TILE = 16
 

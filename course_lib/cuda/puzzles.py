@@ -10,9 +10,9 @@ result; tests compare them with numpy.
 import math
 
 import numpy as np
+from numba import cuda
 
 from course_lib.cuda.launch import blocks_for, launch
-from numba import cuda
 
 TPB = 32        # threads per block of the shared-memory kernels (a warp)
 MAX_K = 8       # longest 1-D convolution kernel

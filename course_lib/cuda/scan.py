@@ -11,9 +11,9 @@ every step the block sums C_t[n] * h[n] over n in shared memory.
 """
 
 import numpy as np
+from numba import cuda
 
 from course_lib.cuda.launch import launch
-from numba import cuda
 
 MAX_N = 32   # most states per channel (threads per block)
 

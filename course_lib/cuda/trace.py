@@ -20,15 +20,14 @@ import threading
 import types
 from collections import defaultdict, namedtuple
 
-import numpy as np
-
 import numba
+import numpy as np
 from numba import cuda as _real_cuda
 
 Access = namedtuple("Access", "block thread array index kind phase order")
 
 
-class TraceError(RuntimeError):
+class KernelTraceError(RuntimeError):
     """A kernel did something a GPU would not allow (out of bounds, a negative index, a deadlock)."""
 
 
@@ -51,15 +50,15 @@ class _Array:
     def _index(self, idx):
         idx = idx if isinstance(idx, tuple) else (idx,)
         if len(idx) != self.ndim or not all(isinstance(i, (int, np.integer)) for i in idx):
-            raise TraceError(f"{self.name}[{idx}]: the tracer follows one element at a time")
+            raise KernelTraceError(f"{self.name}[{idx}]: the tracer follows one element at a time")
         idx = tuple(int(i) for i in idx)
         for i, n in zip(idx, self.shape):
             if i < 0:
-                raise TraceError(f"{self.name}{list(idx)} by {self.tracer.who()}: a negative index. "
+                raise KernelTraceError(f"{self.name}{list(idx)} by {self.tracer.who()}: a negative index. "
                                  f"The simulator would wrap it silently to the end of the array; "
                                  f"a GPU would read memory before the array.")
             if i >= n:
-                raise TraceError(f"{self.name}{list(idx)} by {self.tracer.who()}: out of bounds "
+                raise KernelTraceError(f"{self.name}{list(idx)} by {self.tracer.who()}: out of bounds "
                                  f"(shape {self.shape}). A guard `if i < n:` is missing.")
         return idx
 
@@ -111,7 +110,7 @@ class Tracer:
             try:
                 tr.barrier.wait(timeout=10)
             except threading.BrokenBarrierError:
-                raise TraceError("syncthreads(): not every thread of the block reached this barrier "
+                raise KernelTraceError("syncthreads(): not every thread of the block reached this barrier "
                                  "(one inside an `if` that some threads skip?). On a GPU this hangs "
                                  "or corrupts results.") from None
 
@@ -172,7 +171,7 @@ class Tracer:
             for t in threads:
                 t.join()
             if errors:
-                first = next((e for e in errors if not isinstance(e, TraceError) or "barrier" not in str(e)), errors[0])
+                first = next((e for e in errors if not isinstance(e, KernelTraceError) or "barrier" not in str(e)), errors[0])
                 raise first
 
 

@@ -22,8 +22,17 @@ import numpy as np
 
 from course_lib.fast.indexing import as_int_array, broadcast_strides, contiguous_strides
 from course_lib.fast.matmul import matmul_kernel, pack_transposed, row_block
-from course_lib.fast.ops import (MAP_NAMES, REDUCE_NAMES, ZIP_NAMES, flat_map, flat_zip, map_kernel,
-                                 reduce_kernel, where_kernel, zip_kernel)
+from course_lib.fast.ops import (
+    MAP_NAMES,
+    REDUCE_NAMES,
+    ZIP_NAMES,
+    flat_map,
+    flat_zip,
+    map_kernel,
+    reduce_kernel,
+    where_kernel,
+    zip_kernel,
+)
 from course_lib.tensor.backend import MAP_OPS, REDUCE_OPS, ZIP_OPS, Backend
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
 

@@ -8,5 +8,13 @@
 """
 
 from course_lib.gpt.data import make_get_batch, split_tokens
-from course_lib.gpt.trainer import (TrainConfig, configure_optimizer, estimate_loss, load_checkpoint, lr_at,
-                                    save_checkpoint, train, train_step)
+from course_lib.gpt.trainer import (
+                                    TrainConfig,
+                                    configure_optimizer,
+                                    estimate_loss,
+                                    load_checkpoint,
+                                    lr_at,
+                                    save_checkpoint,
+                                    train,
+                                    train_step,
+)

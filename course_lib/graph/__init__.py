@@ -4,19 +4,42 @@
         x = placeholder((None, 64)); w = variable(init); loss = ...
     sess = Session(); sess.run(loss, {x: batch})
 
-node.py     Node, Graph, topo_order     ops.py      each op's compute/gradient pair
+node.py     Node, Graph, topological_order     ops.py      each op's compute/gradient pair
 session.py  Session.run                 autodiff.py gradients(y, xs), symbolic
 passes.py   optimization passes         trace.py    eager function -> graph
 draw.py     pictures
 """
 
 from course_lib.graph.autodiff import gradients
-from course_lib.graph.node import Graph, Node, TraceError, as_node, default_graph, topo_order
-from course_lib.graph.ops import (ShapeError, assign, constant, exp, log, matmul, ones_like, placeholder,
-                                  reduce_mean, reduce_sum, relu, reshape, sigmoid, softmax,
-                                  softmax_cross_entropy, transpose, variable, zeros_like)
-from course_lib.graph.passes import (count_nodes, eliminate_common_subexpressions, eliminate_dead_nodes,
-                                     fold_constants, optimize, simplify)
+from course_lib.graph.node import Graph, Node, TraceError, as_node, default_graph, topological_order
+from course_lib.graph.ops import (
+    ShapeError,
+    assign,
+    constant,
+    exp,
+    log,
+    matmul,
+    ones_like,
+    placeholder,
+    reduce_mean,
+    reduce_sum,
+    relu,
+    reshape,
+    sigmoid,
+    softmax,
+    softmax_cross_entropy,
+    transpose,
+    variable,
+    zeros_like,
+)
+from course_lib.graph.passes import (
+    count_nodes,
+    eliminate_common_subexpressions,
+    eliminate_dead_nodes,
+    fold_constants,
+    optimize,
+    simplify,
+)
 from course_lib.graph.session import FeedError, Session
 from course_lib.graph.trace import TracedFunction, trace
 

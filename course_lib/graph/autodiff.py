@@ -5,12 +5,12 @@ run, optimized, drawn, and differentiated again (for second derivatives).
 """
 
 from course_lib.graph import ops
-from course_lib.graph.node import topo_order
+from course_lib.graph.node import topological_order
 
 
 def gradients(y, xs, grad_y=None):
     """Nodes for d(sum of y * grad_y)/dx for each x in xs (grad_y defaults to ones)."""
-    order = topo_order([y])
+    order = topological_order([y])
     # Only nodes that some x flows into can carry a gradient to an x.
     reaches = set(xs)
     for node in order:

@@ -1,6 +1,6 @@
 """Pictures of graphs, through course_lib.viz.draw_graph."""
 
-from course_lib.graph.node import Graph, topo_order
+from course_lib.graph.node import Graph, topological_order
 from course_lib.viz import draw_graph
 
 KINDS = {"placeholder": "input", "variable": "param", "constant": "const"}
@@ -27,7 +27,7 @@ def draw(outputs, title=None, rankdir="LR"):
         outputs = [n for n in outputs.nodes if n not in used]
     outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     nodes, edges = [], []
-    for n in topo_order(outputs):
+    for n in topological_order(outputs):
         kind = "output" if n in outputs else KINDS.get(n.op.name, "op")
         nodes.append({"id": n.id, "label": label(n), "kind": kind,
                       "shape": "box" if n.op.name in KINDS else "ellipse"})

@@ -84,7 +84,7 @@ def as_node(x):
     return Node.constant(np.asarray(x, dtype=np.float64))
 
 
-def topo_order(outputs):
+def topological_order(outputs):
     """Every node the outputs depend on, each after its inputs. An explicit stack, no recursion."""
     order, seen = [], set()
     for out in outputs:

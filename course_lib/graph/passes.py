@@ -9,11 +9,11 @@ pass that works on the Graph container instead: eliminate_dead_nodes(graph, outp
 import numpy as np
 
 from course_lib.graph import ops
-from course_lib.graph.node import Graph, topo_order
+from course_lib.graph.node import Graph, topological_order
 
 
 def count_nodes(outputs):
-    return len(topo_order(outputs))
+    return len(topological_order(outputs))
 
 
 def rewrite(outputs, rule):
@@ -22,7 +22,7 @@ def rewrite(outputs, rule):
     rule sees each node with its inputs already rewritten, so rewrites compose in one sweep.
     """
     new = {}
-    for node in topo_order(outputs):
+    for node in topological_order(outputs):
         inputs = [new[i] for i in node.inputs]
         current = node if all(a is b for a, b in zip(inputs, node.inputs)) else node.with_inputs(inputs)
         replacement = rule(current)
@@ -91,7 +91,7 @@ def simplify(outputs):
 
 def eliminate_dead_nodes(graph, outputs):
     """A new Graph holding only the nodes that the outputs need."""
-    live = set(topo_order(outputs))
+    live = set(topological_order(outputs))
     pruned = Graph()
     pruned.nodes = [n for n in graph.nodes if n in live]
     return pruned

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from course_lib.graph.node import Node, topo_order
+from course_lib.graph.node import Node, topological_order
 
 
 class FeedError(ValueError):
@@ -26,7 +26,7 @@ class Session:
         wanted = [fetches] if single else list(fetches)
         feeds = {node: np.asarray(v, dtype=np.float64) for node, v in (feed_dict or {}).items()}
         values = {}
-        for node in topo_order(wanted):
+        for node in topological_order(wanted):
             values[node] = self._evaluate(node, values, feeds)
         out = [values[n] for n in wanted]
         return out[0] if single else type(fetches)(out) if isinstance(fetches, tuple) else out

@@ -46,7 +46,7 @@ class LogitsOnly(nn.Module):
 
 def course_cnn(from_custom=None, seed=0):
     """Chapter 08's DigitsCNN on torch.nn (1x8x8 -> 10), optionally with a custom-op DigitsCNN's weights."""
-    from course_lib.ops.cnn import DigitsCNN
+    from course_lib.custom_ops.cnn import DigitsCNN
 
     torch.manual_seed(seed)
     model = DigitsCNN(custom=False)
@@ -61,8 +61,8 @@ def course_cnn(from_custom=None, seed=0):
 
 def train_digits(model, epochs=4, seed=0):
     """A few epochs of chapter 08's Adam loop on the digits (images 1x8x8; the MLP sees them flattened)."""
+    from course_lib.custom_ops.cnn import train
     from course_lib.data import load_digits
-    from course_lib.ops.cnn import train
 
     net = model if not isinstance(model, MLP) else nn.Sequential(nn.Flatten(), model)
     acc, _, _ = train(net, load_digits(), epochs=epochs, seed=seed)
@@ -75,9 +75,9 @@ def course_gpt(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=64, see
     from course_lib.gpt.model import GPT, GPTConfig
 
     torch.manual_seed(seed)
-    cfg = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+    config = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
                     sdpa=False)
-    return LogitsOnly(GPT(cfg)).eval()
+    return LogitsOnly(GPT(config)).eval()
 
 
 def course_mamba(vocab_size=65, d_model=32, n_layer=2, seed=0):

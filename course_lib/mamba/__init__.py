@@ -8,5 +8,11 @@
 """
 
 from course_lib.mamba.model import Mamba, MambaBlock, MambaCache, MambaConfig, RMSNorm, causal_conv1d
-from course_lib.mamba.scan import (associative_scan, combine, discretize, selective_scan_chunked,
-                                   selective_scan_parallel, selective_scan_sequential)
+from course_lib.mamba.scan import (
+                                   associative_scan,
+                                   combine,
+                                   discretize,
+                                   selective_scan_chunked,
+                                   selective_scan_parallel,
+                                   selective_scan_sequential,
+)

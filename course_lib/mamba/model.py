@@ -75,13 +75,13 @@ def causal_conv1d(x, weight, bias):
 class MambaBlock(nn.Module):
     """The Mamba mixer (Hugging Face calls it MambaMixer): in_proj, conv, selective scan, gate, out_proj."""
 
-    def __init__(self, cfg):
+    def __init__(self, config):
         super().__init__()
-        D, N, R = cfg.d_inner, cfg.d_state, cfg.dt_rank
-        self.cfg = cfg
-        self.in_proj = nn.Linear(cfg.d_model, 2 * D, bias=False)
-        self.conv1d = nn.Conv1d(D, D, cfg.d_conv, groups=D, padding=cfg.d_conv - 1)   # weight (D, 1, K)
-        if cfg.selective:
+        D, N, R = config.d_inner, config.d_state, config.dt_rank
+        self.config = config
+        self.in_proj = nn.Linear(config.d_model, 2 * D, bias=False)
+        self.conv1d = nn.Conv1d(D, D, config.d_conv, groups=D, padding=config.d_conv - 1)   # weight (D, 1, K)
+        if config.selective:
             self.x_proj = nn.Linear(D, R + 2 * N, bias=False)
             self.dt_proj = nn.Linear(R, D, bias=True)
             dt_bias = self.dt_proj.bias
@@ -92,17 +92,17 @@ class MambaBlock(nn.Module):
             dt_bias = self.dt_bias
         self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1, dtype=torch.float32)).repeat(D, 1))
         self.D = nn.Parameter(torch.ones(D))
-        self.out_proj = nn.Linear(D, cfg.d_model, bias=False)
+        self.out_proj = nn.Linear(D, config.d_model, bias=False)
         with torch.no_grad():   # Δ starts log-uniform in [0.001, 0.1]: bias = softplus^-1(Δ)
             dt = torch.exp(torch.rand(D) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
             dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
-            if cfg.selective:
+            if config.selective:
                 nn.init.uniform_(self.dt_proj.weight, -R ** -0.5, R ** -0.5)
 
     def ssm_params(self, x):
         """Δ (softplus of dt_proj), B and C from the conv output x (..., D)."""
-        N, R = self.cfg.d_state, self.cfg.dt_rank
-        if not self.cfg.selective:   # the same three at every position: x is not looked at
+        N, R = self.config.d_state, self.config.dt_rank
+        if not self.config.selective:   # the same three at every position: x is not looked at
             shape = x.shape[:-1]
             return F.softplus(self.dt_bias).expand(*shape, -1), self.B.expand(*shape, N), self.C.expand(*shape, N)
         dt, B, C = self.x_proj(x).split([R, N, N], dim=-1)
@@ -117,12 +117,12 @@ class MambaBlock(nn.Module):
         x = F.silu(causal_conv1d(x_t, self.conv1d.weight[:, 0], self.conv1d.bias)).transpose(1, 2)
         delta, B, C = self.ssm_params(x)
         A = -torch.exp(self.A_log)
-        scan = SCANS[self.cfg.scan]
+        scan = SCANS[self.config.scan]
         if state is None:
             y = scan(x, delta, A, B, C, self.D)
         else:
             y, state["ssm"] = scan(x, delta, A, B, C, self.D, return_state=True)
-            K = self.cfg.d_conv
+            K = self.config.d_conv
             state["conv"] = F.pad(x_t, (max(K - 1 - T, 0), 0))[:, :, -(K - 1):]   # the last K-1 inputs
         return self.out_proj(y * F.silu(z))
 
@@ -146,10 +146,10 @@ class MambaBlock(nn.Module):
 class ResidualBlock(nn.Module):
     """u + MambaBlock(RMSNorm(u)): Hugging Face's MambaBlock, holding `norm` and `mixer`."""
 
-    def __init__(self, cfg):
+    def __init__(self, config):
         super().__init__()
-        self.norm = RMSNorm(cfg.d_model, cfg.eps)
-        self.mixer = MambaBlock(cfg)
+        self.norm = RMSNorm(config.d_model, config.eps)
+        self.mixer = MambaBlock(config)
 
     def forward(self, u, state=None):
         return u + self.mixer(self.norm(u), state)
@@ -164,20 +164,20 @@ class Mamba(nn.Module):
     No position embeddings: the recurrence itself knows the order, so any length runs.
     """
 
-    def __init__(self, cfg):
+    def __init__(self, config):
         super().__init__()
-        self.config = cfg
+        self.config = config
         self.backbone = nn.ModuleDict(dict(
-            embeddings=nn.Embedding(cfg.vocab_size, cfg.d_model),
-            layers=nn.ModuleList([ResidualBlock(cfg) for _ in range(cfg.n_layer)]),
-            norm_f=RMSNorm(cfg.d_model, cfg.eps),
+            embeddings=nn.Embedding(config.vocab_size, config.d_model),
+            layers=nn.ModuleList([ResidualBlock(config) for _ in range(config.n_layer)]),
+            norm_f=RMSNorm(config.d_model, config.eps),
         ))
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.backbone.embeddings.weight     # tied
         nn.init.normal_(self.backbone.embeddings.weight, std=0.02)
         for layer in self.backbone.layers:   # keep the residual stream's variance from growing with depth
             with torch.no_grad():
-                layer.mixer.out_proj.weight /= math.sqrt(cfg.n_layer)
+                layer.mixer.out_proj.weight /= math.sqrt(config.n_layer)
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())

@@ -11,13 +11,43 @@ Layers, one idea per file:
     data.py           a tiny DataLoader
 """
 
-from course_lib.tensor.backend import (  # noqa: F401
-    MAP_OPS, REDUCE_OPS, ZIP_OPS, Backend, BackendUnavailable, available_backends,
-    backend_status, current_backend, current_backend_name, get_backend, set_backend, use_backend)
-from course_lib.tensor.tensor_data import ShapeError, TensorData  # noqa: F401
-from course_lib.tensor.autodiff import Function, is_grad_enabled, no_grad  # noqa: F401,E402
-from course_lib.tensor.tensor import (  # noqa: F401,E402
-    Tensor, arange, cat, cross_entropy, float32, float64, generator, log_softmax, manual_seed, matmul, one_hot,
-    ones, rand, randn, softmax, stack, tensor, where, zeros, zeros_like)
 from course_lib.tensor import nn, optim  # noqa: F401,E402
+from course_lib.tensor.autodiff import Function, is_grad_enabled, no_grad  # noqa: F401,E402
+from course_lib.tensor.backend import (  # noqa: F401
+    MAP_OPS,
+    REDUCE_OPS,
+    ZIP_OPS,
+    Backend,
+    BackendUnavailable,
+    available_backends,
+    backend_status,
+    current_backend,
+    current_backend_name,
+    get_backend,
+    set_backend,
+    use_backend,
+)
 from course_lib.tensor.data import DataLoader  # noqa: F401,E402
+from course_lib.tensor.tensor import (  # noqa: F401,E402
+    Tensor,
+    arange,
+    cat,
+    cross_entropy,
+    float32,
+    float64,
+    generator,
+    log_softmax,
+    manual_seed,
+    matmul,
+    one_hot,
+    ones,
+    rand,
+    randn,
+    softmax,
+    stack,
+    tensor,
+    where,
+    zeros,
+    zeros_like,
+)
+from course_lib.tensor.tensor_data import ShapeError, TensorData  # noqa: F401

@@ -13,7 +13,6 @@ from course_lib.tensor.autodiff import Function
 from course_lib.tensor.backend import current_backend
 from course_lib.tensor.tensor_data import ShapeError, TensorData, shape_broadcast, slice_view
 
-
 # ------------------------------------------------------------ raw helpers
 
 def map_(op, a):

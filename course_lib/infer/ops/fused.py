@@ -4,7 +4,7 @@ import functools
 
 import numpy as np
 
-from ..registry import register, lookup
+from ..registry import lookup, register
 from .linalg import softmax_in_place
 from .nn import conv
 

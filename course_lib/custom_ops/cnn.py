@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from course_lib.ops import functions as fn
+from course_lib.custom_ops import functions as fn
 
 
 class CustomConvReLU(nn.Module):

@@ -4,7 +4,8 @@ Each kernel is compiled on its first call for the dtypes it sees (float32 and fl
 two compilations), and cached on disk (`cache=True`) so a later process loads it at once.
 The autograd wrappers in `functions.py` hand them zero-copy `.numpy()` views of tensors.
 
-Shapes: x (N, C, H, W), w (O, C, KH, KW), out (N, O, OH, OW).
+Shapes: x (N, C, H, W), w (O, C, KH, KW), out (N, O, OH, OW). The conv kernels take stride,
+padding and dilation as (h, w) pairs; the wrappers turn an int into a pair first.
 """
 
 import numba
@@ -41,7 +42,8 @@ def bias_relu_backward(dy, y, dx):
 # kernels spell that case out, on row slices walked from 0: a stride known only at run time, or
 # an index that might be negative (Numba then adds a wrap-around test), keeps the loop scalar). The
 # padding is handled by `cols`, which gives the range of j whose tap lands inside the image, once
-# per row instead of a test per element.
+# per row instead of a test per element. (sh, sw), (ph, pw), (dh, dw) are the stride, padding and
+# dilation along the rows (h) and along the columns (w).
 
 
 @numba.njit(inline="always")
@@ -55,10 +57,11 @@ def cols(OW, W, stride, padding, dilation, q):
 
 @numba.njit(parallel=True, cache=True)
 def conv2d_forward(x, w, out, stride, padding, dilation):
-    """out[n, o, i, j] = sum_{c, p, q} w[o, c, p, q] * x[n, c, i*s - pad + p*d, j*s - pad + q*d]."""
+    """out[n, o, i, j] = sum_{c, p, q} w[o, c, p, q] * x[n, c, i*sh - ph + p*dh, j*sw - pw + q*dw]."""
     N, C, H, W = x.shape
     O, _, KH, KW = w.shape
     _, _, OH, OW = out.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     for no in numba.prange(N * O):                      # one (sample, out channel) per task
         n, o = no // O, no % O
         out[n, o] = 0.0
@@ -66,17 +69,17 @@ def conv2d_forward(x, w, out, stride, padding, dilation):
             for p in range(KH):
                 for q in range(KW):
                     wv = w[o, c, p, q]
-                    lo, hi = cols(OW, W, stride, padding, dilation, q)
-                    shift = q * dilation - padding
+                    lo, hi = cols(OW, W, sw, pw, dw, q)
+                    shift = q * dw - pw
                     for i in range(OH):
-                        h = i * stride - padding + p * dilation
-                        if 0 <= h < H and stride == 1:  # (a row of the padding adds 0)
+                        h = i * sh - ph + p * dh
+                        if 0 <= h < H and sw == 1:  # (a row of the padding adds 0)
                             o_row, x_row = out[n, o, i, lo:hi], x[n, c, h, lo + shift:hi + shift]
                             for j in range(hi - lo):    # from 0, unit stride: SIMD
                                 o_row[j] += wv * x_row[j]
                         elif 0 <= h < H:
                             for j in range(lo, hi):
-                                out[n, o, i, j] += wv * x[n, c, h, j * stride + shift]
+                                out[n, o, i, j] += wv * x[n, c, h, j * sw + shift]
 
 
 @numba.njit(parallel=True, cache=True)
@@ -88,6 +91,7 @@ def conv2d_backward_input(dy, w, dx, stride, padding, dilation):
     N, C, H, W = dx.shape
     O, _, KH, KW = w.shape
     _, _, OH, OW = dy.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     for nc in numba.prange(N * C):
         n, c = nc // C, nc % C
         dx[n, c] = 0.0
@@ -95,46 +99,47 @@ def conv2d_backward_input(dy, w, dx, stride, padding, dilation):
             for p in range(KH):
                 for q in range(KW):
                     wv = w[o, c, p, q]
-                    lo, hi = cols(OW, W, stride, padding, dilation, q)
-                    shift = q * dilation - padding
+                    lo, hi = cols(OW, W, sw, pw, dw, q)
+                    shift = q * dw - pw
                     for i in range(OH):
-                        h = i * stride - padding + p * dilation
-                        if 0 <= h < H and stride == 1:
+                        h = i * sh - ph + p * dh
+                        if 0 <= h < H and sw == 1:
                             dx_row, dy_row = dx[n, c, h, lo + shift:hi + shift], dy[n, o, i, lo:hi]
                             for j in range(hi - lo):
                                 dx_row[j] += dy_row[j] * wv
                         elif 0 <= h < H:
                             for j in range(lo, hi):
-                                dx[n, c, h, j * stride + shift] += dy[n, o, i, j] * wv
+                                dx[n, c, h, j * sw + shift] += dy[n, o, i, j] * wv
 
 
 @numba.njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
-def conv2d_backward_weight(dy, x, dw, stride, padding, dilation):
-    """dw[o, c, p, q] = sum over n, i, j of dy[n, o, i, j] * x[n, c, i*s - pad + p*d, j*s - pad + q*d].
+def conv2d_backward_weight(dy, x, dweight, stride, padding, dilation):
+    """dweight[o, c, p, q] = sum over n, i, j of dy[n, o, i, j] * x[n, c, i*sh - ph + p*dh, j*sw - pw + q*dw].
 
     fastmath's reassociation lets the compiler split the sum over j into SIMD lanes.
     """
     N, C, H, W = x.shape
-    O, _, KH, KW = dw.shape
+    O, _, KH, KW = dweight.shape
     _, _, OH, OW = dy.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     for oc in numba.prange(O * C):
         o, c = oc // C, oc % C
         for p in range(KH):
             for q in range(KW):
-                lo, hi = cols(OW, W, stride, padding, dilation, q)
-                shift = q * dilation - padding
+                lo, hi = cols(OW, W, sw, pw, dw, q)
+                shift = q * dw - pw
                 acc = 0.0
                 for n in range(N):                          # summed over the batch
                     for i in range(OH):
-                        h = i * stride - padding + p * dilation
-                        if 0 <= h < H and stride == 1:
+                        h = i * sh - ph + p * dh
+                        if 0 <= h < H and sw == 1:
                             dy_row, x_row = dy[n, o, i, lo:hi], x[n, c, h, lo + shift:hi + shift]
                             for j in range(hi - lo):
                                 acc += dy_row[j] * x_row[j]
                         elif 0 <= h < H:
                             for j in range(lo, hi):
-                                acc += dy[n, o, i, j] * x[n, c, h, j * stride + shift]
-                dw[o, c, p, q] = acc
+                                acc += dy[n, o, i, j] * x[n, c, h, j * sw + shift]
+                dweight[o, c, p, q] = acc
 
 
 # ---- max pooling (cheap next to the conv, so single-threaded) -----------------------------

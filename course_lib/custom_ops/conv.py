@@ -6,6 +6,9 @@ the input pixels (i*s - p + a*d, j*s - p + b*d) for kernel offsets (a, b):
 
     y[n, o, i, j] = b[o] + sum_{c, a, b} w[o, c, a, b] * x_pad[n, c, i*s + a*d, j*s + b*d]
 
+As in F.conv2d, each of stride, padding and dilation is an int (the same on both axes) or an
+(h, w) pair; `_pair` turns either into a pair once, at the top of each function.
+
 im2col copies every window into a column, so the whole layer becomes one matmul:
 
     cols = im2col(x)            (N, C*KH*KW, OH*OW)
@@ -27,55 +30,71 @@ def out_size(n, k, stride=1, padding=0, dilation=1):
 
 
 def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
+    """An int or an (h, w) pair, as an (h, w) tuple."""
+    h, w = (v, v) if isinstance(v, int) else v
+    return h, w
+
+
+def _pairs(stride, padding, dilation):
+    """stride, padding and dilation, each an int or a pair, as three (h, w) pairs."""
+    return _pair(stride), _pair(padding), _pair(dilation)
+
+
+def _geometry(x_shape, kh, kw, stride, padding, dilation):
+    """(stride, padding, dilation) as pairs, and the output size (OH, OW)."""
+    s, p, d = _pairs(stride, padding, dilation)
+    H, W = x_shape[-2:]
+    return s, p, d, (out_size(H, kh, s[0], p[0], d[0]), out_size(W, kw, s[1], p[1], d[1]))
+
+
+def _tap(a, c, OH, OW, s, d):
+    """The index of the padded input that kernel offset (a, c) reads for every output pixel."""
+    return (slice(None), slice(None), slice(a * d[0], a * d[0] + s[0] * (OH - 1) + 1, s[0]),
+            slice(c * d[1], c * d[1] + s[1] * (OW - 1) + 1, s[1]))
 
 
 def conv2d_loops(x, w, b=None, stride=1, padding=0, dilation=1):
     """The reference: loop over the kernel offsets, each a strided slice of the padded input."""
     N, C, H, W = x.shape
     O, _, KH, KW = w.shape
-    OH, OW = out_size(H, KH, stride, padding, dilation), out_size(W, KW, stride, padding, dilation)
-    xp = torch.nn.functional.pad(x, (padding,) * 4)
+    s, p, d, (OH, OW) = _geometry(x.shape, KH, KW, stride, padding, dilation)
+    xp = torch.nn.functional.pad(x, (p[1], p[1], p[0], p[0]))
     y = x.new_zeros(N, O, OH, OW)
     for a in range(KH):
         for c in range(KW):
-            window = xp[:, :, a * dilation: a * dilation + stride * (OH - 1) + 1: stride,
-                              c * dilation: c * dilation + stride * (OW - 1) + 1: stride]   # (N, C, OH, OW)
-            y += torch.einsum("nchw,oc->nohw", window, w[:, :, a, c])
+            y += torch.einsum("nchw,oc->nohw", xp[_tap(a, c, OH, OW, s, d)], w[:, :, a, c])
     return y if b is None else y + b.view(1, O, 1, 1)
 
 
 def im2col(x, kh, kw, stride=1, padding=0, dilation=1):
     """Every (C, kh, kw) window of x as a column: (N, C*kh*kw, OH*OW), the layout of F.unfold."""
     N, C, H, W = x.shape
-    OH, OW = out_size(H, kh, stride, padding, dilation), out_size(W, kw, stride, padding, dilation)
-    xp = torch.nn.functional.pad(x, (padding,) * 4)
+    s, p, d, (OH, OW) = _geometry(x.shape, kh, kw, stride, padding, dilation)
+    xp = torch.nn.functional.pad(x, (p[1], p[1], p[0], p[0]))
     cols = x.new_empty(N, C, kh, kw, OH, OW)
     for a in range(kh):
         for c in range(kw):
-            cols[:, :, a, c] = xp[:, :, a * dilation: a * dilation + stride * (OH - 1) + 1: stride,
-                                        c * dilation: c * dilation + stride * (OW - 1) + 1: stride]
+            cols[:, :, a, c] = xp[_tap(a, c, OH, OW, s, d)]
     return cols.reshape(N, C * kh * kw, OH * OW)
 
 
 def col2im(cols, x_shape, kh, kw, stride=1, padding=0, dilation=1):
     """The adjoint of im2col: add each column entry back to the input pixel it was copied from."""
     N, C, H, W = x_shape
-    OH, OW = out_size(H, kh, stride, padding, dilation), out_size(W, kw, stride, padding, dilation)
+    s, p, d, (OH, OW) = _geometry(x_shape, kh, kw, stride, padding, dilation)
     cols = cols.reshape(N, C, kh, kw, OH, OW)
-    xp = cols.new_zeros(N, C, H + 2 * padding, W + 2 * padding)
+    xp = cols.new_zeros(N, C, H + 2 * p[0], W + 2 * p[1])
     for a in range(kh):
         for c in range(kw):
-            xp[:, :, a * dilation: a * dilation + stride * (OH - 1) + 1: stride,
-                     c * dilation: c * dilation + stride * (OW - 1) + 1: stride] += cols[:, :, a, c]
-    return xp[:, :, padding: padding + H, padding: padding + W]
+            xp[_tap(a, c, OH, OW, s, d)] += cols[:, :, a, c]
+    return xp[:, :, p[0]: p[0] + H, p[1]: p[1] + W]
 
 
 def conv2d_im2col(x, w, b=None, stride=1, padding=0, dilation=1):
     """Forward: one matmul of the flattened kernels with the columns."""
-    N, C, H, W = x.shape
+    N = x.shape[0]
     O, _, KH, KW = w.shape
-    OH, OW = out_size(H, KH, stride, padding, dilation), out_size(W, KW, stride, padding, dilation)
+    *_, (OH, OW) = _geometry(x.shape, KH, KW, stride, padding, dilation)
     cols = im2col(x, KH, KW, stride, padding, dilation)
     y = (w.reshape(O, -1) @ cols).reshape(N, O, OH, OW)
     return y if b is None else y + b.view(1, O, 1, 1)

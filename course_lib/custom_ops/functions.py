@@ -3,6 +3,7 @@
 A Function is two static methods. `forward(ctx, *inputs)` computes the output and saves
 on `ctx` what the backward will need; `backward(ctx, *grad_outputs)` returns one gradient
 per input of forward, in the same order (None for inputs that need none, like `stride`).
+The conv Functions take stride, padding and dilation as ints or (h, w) pairs, like F.conv2d.
 
 The Numba kernels want numpy arrays. `t.detach().numpy()` is a zero-copy view of a CPU
 tensor's memory: `.detach()` is needed because numpy cannot record autograd history
@@ -12,7 +13,8 @@ written through their own `.numpy()` view, so no data is ever copied across.
 
 import torch
 
-from course_lib.ops import conv, numba_kernels as nk, pool
+from course_lib.custom_ops import conv, pool
+from course_lib.custom_ops import numba_kernels as nk
 
 
 def as_numpy(t):
@@ -43,13 +45,13 @@ class BiasReLU(torch.autograd.Function):
 
 
 class Conv2dIm2col(torch.autograd.Function):
-    """Conv2d forward and backward through im2col, col2im and matmuls (course_lib.ops.conv)."""
+    """Conv2d forward and backward through im2col, col2im and matmuls (course_lib.custom_ops.conv)."""
 
     @staticmethod
     def forward(ctx, x, w, b, stride=1, padding=0, dilation=1):
         ctx.save_for_backward(x, w)
-        ctx.conf = (stride, padding, dilation)
-        return conv.conv2d_im2col(x, w, b, stride, padding, dilation)
+        ctx.conf = conv._pairs(stride, padding, dilation)
+        return conv.conv2d_im2col(x, w, b, *ctx.conf)
 
     @staticmethod
     def backward(ctx, dy):
@@ -63,9 +65,9 @@ class Conv2dNumba(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b, stride=1, padding=0, dilation=1):
-        N, C, H, W = x.shape
+        N = x.shape[0]
         O, _, KH, KW = w.shape
-        OH, OW = conv.out_size(H, KH, stride, padding, dilation), conv.out_size(W, KW, stride, padding, dilation)
+        stride, padding, dilation, (OH, OW) = conv._geometry(x.shape, KH, KW, stride, padding, dilation)
         y = x.new_empty(N, O, OH, OW)
         nk.conv2d_forward(as_numpy(x), as_numpy(w), y.numpy(), stride, padding, dilation)
         ctx.save_for_backward(x, w)
@@ -83,7 +85,7 @@ class Conv2dNumba(torch.autograd.Function):
 
 
 class MaxPool2d(torch.autograd.Function):
-    """Max pooling in torch tensor code (course_lib.ops.pool)."""
+    """Max pooling in torch tensor code (course_lib.custom_ops.pool)."""
 
     @staticmethod
     def forward(ctx, x, k, stride=None, padding=0, dilation=1):

@@ -11,12 +11,17 @@ what it needs instead, and the op then works everywhere (autograd, torch.compile
   and `backward` returns one gradient per input, built from ops (here another custom op).
 
 `torch.library.opcheck(op, args)` tests all of that against the real implementation.
+
+conv2d's stride, padding and dilation are ints or (h, w) pairs, as in F.conv2d. Python type hints
+cannot say "an int or a pair" to the schema inference, so conv2d spells its schema out: `int[2]`
+takes either and hands the implementation a list of two.
 """
 
 import torch
 
-from course_lib.ops import conv, numba_kernels as nk
-from course_lib.ops.functions import as_numpy
+from course_lib.custom_ops import conv
+from course_lib.custom_ops import numba_kernels as nk
+from course_lib.custom_ops.functions import as_numpy
 
 # ---- fused bias + ReLU ----------------------------------------------------------------------
 
@@ -63,20 +68,22 @@ bias_relu.register_autograd(_bias_relu_grad, setup_context=_bias_relu_setup)
 # ---- conv2d with the Numba kernels ----------------------------------------------------------
 
 
-@torch.library.custom_op("course::conv2d", mutates_args=())
-def conv2d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
-           stride: int = 1, padding: int = 0, dilation: int = 1) -> torch.Tensor:
+CONV_ARGS = "int[2] stride=1, int[2] padding=0, int[2] dilation=1"
+
+
+@torch.library.custom_op("course::conv2d", mutates_args=(),
+                         schema=f"(Tensor x, Tensor w, Tensor b, {CONV_ARGS}) -> Tensor")
+def conv2d(x, w, b, stride=1, padding=0, dilation=1):
     """Conv2d (cross-correlation) with the direct Numba kernel, plus the bias."""
     y = _conv2d_empty(x, w, stride, padding, dilation)
-    nk.conv2d_forward(as_numpy(x), as_numpy(w), y.numpy(), stride, padding, dilation)
+    nk.conv2d_forward(as_numpy(x), as_numpy(w), y.numpy(), *conv._pairs(stride, padding, dilation))
     return y + b.view(1, -1, 1, 1)
 
 
 def _conv2d_empty(x, w, stride, padding, dilation):
-    N, _, H, W = x.shape
     O, _, KH, KW = w.shape
-    return x.new_empty(N, O, conv.out_size(H, KH, stride, padding, dilation),
-                       conv.out_size(W, KW, stride, padding, dilation))
+    *_, (OH, OW) = conv._geometry(x.shape, KH, KW, stride, padding, dilation)
+    return x.new_empty(x.shape[0], O, OH, OW)
 
 
 @conv2d.register_fake
@@ -84,19 +91,20 @@ def _(x, w, b, stride=1, padding=0, dilation=1):
     return _conv2d_empty(x, w, stride, padding, dilation)
 
 
-@torch.library.custom_op("course::conv2d_grad", mutates_args=())
-def conv2d_grad(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-                stride: int, padding: int, dilation: int) -> tuple[torch.Tensor, torch.Tensor]:
+@torch.library.custom_op("course::conv2d_grad", mutates_args=(),
+                         schema=f"(Tensor dy, Tensor x, Tensor w, {CONV_ARGS}) -> (Tensor, Tensor)")
+def conv2d_grad(dy, x, w, stride=1, padding=0, dilation=1):
     """(dx, dw) with the Numba backward kernels."""
-    dx, dw = torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(w, memory_format=torch.contiguous_format)
-    g = as_numpy(dy)
-    nk.conv2d_backward_input(g, as_numpy(w), dx.numpy(), stride, padding, dilation)
-    nk.conv2d_backward_weight(g, as_numpy(x), dw.numpy(), stride, padding, dilation)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    dw = torch.empty_like(w, memory_format=torch.contiguous_format)
+    g, conf = as_numpy(dy), conv._pairs(stride, padding, dilation)
+    nk.conv2d_backward_input(g, as_numpy(w), dx.numpy(), *conf)
+    nk.conv2d_backward_weight(g, as_numpy(x), dw.numpy(), *conf)
     return dx, dw
 
 
 @conv2d_grad.register_fake
-def _(dy, x, w, stride, padding, dilation):
+def _(dy, x, w, stride=1, padding=0, dilation=1):
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             torch.empty_like(w, memory_format=torch.contiguous_format))
 
