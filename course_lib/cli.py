@@ -1,7 +1,7 @@
 """`course`: the learner's command line.
 
     course lab            set up work/ and start JupyterLab on chapter 00
-    course status         every chapter's exercises: passed, failed or not started
+    course status         every chapter's exercises: passed, failed or not started, and whose code runs
     course check NN       run your exercise notebook NN headless and report each check
     course reset NN       fresh exercise notebook NN (yours is backed up first); --lesson for the lesson
     course sync           copy new or updated course notebooks into work/
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from course_lib import REPO_DIR, build, nbtools, progress, workspace
+from course_lib import REPO_DIR, build, keep, nbtools, progress, workspace
 
 GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
 
@@ -33,11 +33,12 @@ def cmd_sync(args=None):
 
 
 def cmd_status(args):
-    """A table: one row per exercise, grouped by chapter, then a count per chapter."""
+    """A table: one row per exercise, grouped by chapter, then a count per chapter. "code used" says
+    whether later chapters run your saved code (work/yours/) or the course's."""
     done = progress.load()
     rows, counts = [], []
     for _, ex in build.pairs():
-        results = done.get(ex.name[:2], {})
+        results, saved = done.get(ex.name[:2], {}), keep.index(ex.name[:2])
         names = build.check_names(nbtools.read(ex))
         n_passed = 0
         for i, name in enumerate(names):
@@ -45,15 +46,15 @@ def cmd_status(args):
             state = "not started" if r is None else "passed" if r["passed"] else "failed"
             n_passed += state == "passed"
             note = f"  {r['message'].splitlines()[0][:60]}" if state == "failed" else ""
-            rows.append((ex.stem if i == 0 else "", name, state, note))
+            rows.append((ex.stem if i == 0 else "", name, "yours" if name in saved else "course's", state, note))
         counts.append((ex.stem, n_passed, len(names)))
     colour = {"passed": GREEN, "failed": RED, "not started": ""}
-    print(f"{'chapter':22s} {'exercise':26s} status")
-    for chapter, name, state, note in rows:
+    print(f"{'chapter':22s} {'exercise':26s} {'code used':10s} status")
+    for chapter, name, whose, state, note in rows:
         if chapter:
-            print("-" * 60)
-        print(f"{chapter:22s} {name:26s} {colour[state]}{state}{RESET if colour[state] else ''}{note}")
-    print("-" * 60)
+            print("-" * 70)
+        print(f"{chapter:22s} {name:26s} {whose:10s} {colour[state]}{state}{RESET if colour[state] else ''}{note}")
+    print("-" * 70)
     print("  ".join(f"{c[:2]}: {p}/{n}" for c, p, n in counts))
     print(f"{sum(p for _, p, _ in counts)} of {sum(n for _, _, n in counts)} exercises passed.")
 

@@ -4,7 +4,7 @@ one never replaces it, and a later chapter gets the learner's pieces or, visibly
 import nbformat
 import pytest
 
-from course_lib import REPO_DIR, nbtools, yours
+from course_lib import REPO_DIR, cli, nbtools, yours
 from course_lib import keep as store
 from course_lib.checks import CheckFailed
 
@@ -32,11 +32,14 @@ def snapshot(root):
     return {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
 
 
-def test_pass_saves_fail_keeps_and_a_wrong_piece_is_named(workspace, tmp_path):
+def test_pass_saves_fail_keeps_and_a_wrong_piece_is_named(workspace, tmp_path, capsys):
     repo_work = snapshot(REPO_DIR / "work") if (REPO_DIR / "work").exists() else {}
     nb = run_in_exercises(workspace, SETUP, GOOD, CHECK)
     assert not errors(nb)
     assert "could not be saved" not in str(nb.cells[-1].outputs)
+    cli.main(["status"])
+    row = next(line for line in capsys.readouterr().out.splitlines() if "numerical_derivative" in line)
+    assert "yours" in row and "passed" in row
     saved = store.module_path("00")
     text = saved.read_text()
     assert "class Spread:" in text and "def numerical_derivative(" in text and "TWO = 2" in text

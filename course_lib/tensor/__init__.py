@@ -24,6 +24,7 @@ from course_lib.tensor.backend import (  # noqa: F401
     current_backend,
     current_backend_name,
     get_backend,
+    register_backend,
     set_backend,
     use_backend,
 )

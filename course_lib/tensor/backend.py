@@ -132,12 +132,9 @@ def _scalar(value, dtype) -> TensorData:
 
 # ---------------------------------------------------------------- selection
 
-#: backend name -> module exposing a module-level `backend` (imported on first use)
-REGISTRY = {
-    "numpy": "course_lib.tensor.numpy_backend",
-    "numba": "course_lib.fast.backend",
-    "cuda": "course_lib.cuda.backend",
-}
+#: backend name -> a module path with a module-level `backend` (imported on first use),
+#: or the backend object itself (see register_backend)
+REGISTRY: dict = {}
 
 _loaded: dict = {}
 _current = ["numpy"]
@@ -145,6 +142,31 @@ _current = ["numpy"]
 
 class BackendUnavailable(RuntimeError):
     """The named backend cannot be loaded here; the message says why."""
+
+
+def register_backend(name: str, backend) -> None:
+    """Make `backend` available as `name` for set_backend and use_backend; replaces an earlier one.
+
+    backend: an object with the four methods above (a backend written in a notebook, say), or the
+    dotted path of a module with a module-level `backend`, imported only when first used.
+    """
+    if isinstance(backend, str):
+        _loaded.pop(name, None)
+        REGISTRY[name] = backend
+        return
+    missing = [m for m in ("map", "zip", "reduce", "matmul") if not callable(getattr(backend, m, None))]
+    if missing:
+        raise TypeError(f"backend {name!r} lacks {', '.join(missing)}: a backend needs map, zip, reduce "
+                        "and matmul (see the interface at the top of course_lib/tensor/backend.py)")
+    REGISTRY[name] = backend
+    _loaded[name] = backend
+
+
+# The course's own backends, imported lazily: chapter 06's Numba one and chapter 07's CUDA one
+# need compilers and drivers that chapter 02 does not.
+register_backend("numpy", "course_lib.tensor.numpy_backend")
+register_backend("numba", "course_lib.fast.backend")
+register_backend("cuda", "course_lib.cuda.backend")
 
 
 def get_backend(name: str | None = None) -> Backend:
@@ -155,6 +177,8 @@ def get_backend(name: str | None = None) -> Backend:
     if name not in REGISTRY:
         raise BackendUnavailable(f"unknown backend {name!r}; known: {sorted(REGISTRY)}")
     module_name = REGISTRY[name]
+    if not isinstance(module_name, str):
+        return module_name
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
