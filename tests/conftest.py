@@ -6,6 +6,11 @@ import pytest
 
 from course_lib import device
 
+# Choose the GPU or the simulator before any test module imports numba.cuda: Numba reads the
+# choice once, so a test file whose imports (sorted by the linter) load numba.cuda first would
+# otherwise fix it too early.
+device.setup(verbose=False)
+
 
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", help="also run the tests marked slow (the seed sweep)")
