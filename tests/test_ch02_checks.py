@@ -237,7 +237,7 @@ def test_softmax_cross_entropy_rejects():
         m = x.max()
         return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
-    expect_failure(check.softmax_cross_entropy, batch_max, ce, match="OWN max")
+    expect_failure(check.softmax_cross_entropy, batch_max, ce)  # the fixed rows-apart case always catches it
     expect_failure(check.softmax_cross_entropy, log_softmax,
                    lambda x, t: -log_softmax(x)[np.arange(len(t)), t].sum(), match="MEAN")
     expect_failure(check.softmax_cross_entropy, log_softmax,

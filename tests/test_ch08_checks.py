@@ -120,8 +120,8 @@ def im2col_stride_rows_only(x, kh, kw, stride=1, padding=0, dilation=1):
 
 @pytest.mark.parametrize("wrong, hint", [(im2col_flipped, "differs"), (im2col_pad_plus_one, "padding off by one"),
                                          (im2col_offsets_first, "channel first"),
-                                         (im2col_dilate_rows_only, "wrong shape"),
-                                         (im2col_stride_rows_only, "wrong shape")])
+                                         (im2col_dilate_rows_only, None),   # a random case may catch it first
+                                         (im2col_stride_rows_only, None)])
 def test_im2col_rejects(wrong, hint):
     expect_failure(check.im2col, wrong, match=hint)
 
