@@ -8,7 +8,7 @@
     course setup          one-time setup: Jupyter kernel, Graphviz, work/
     course build [--check]    (course authors) regenerate exercises/ from solutions/
     course stage DIR          (course authors) a workspace in DIR with the lessons and solved exercises
-    course execute PATH...    (course authors) re-run notebooks in place
+    course execute PATH...    (course authors) re-run notebooks in place (solutions/ as a learner would)
     course new SCRIPT OUT     (course authors) a notebook from a percent-format script
 """
 
@@ -109,9 +109,31 @@ def cmd_build(args):
 def cmd_execute(args):
     for p in args.paths:
         p = Path(p)
-        nb = nbtools.execute(nbtools.read(p), cwd=p.parent.resolve(), timeout=args.timeout)
+        if p.resolve().parent == (REPO_DIR / "solutions").resolve():
+            nb = execute_as_learner(p, timeout=args.timeout)
+        else:
+            nb = nbtools.execute(nbtools.read(p), cwd=p.parent.resolve(), timeout=args.timeout)
         nbtools.write(nbtools.clean_metadata(nb), p)
         print(f"executed {p}")
+
+
+def execute_as_learner(path, timeout=600):
+    """Run a solved exercise notebook as a learner's: from exercises/ of a fresh temporary workspace,
+    so its checks save the answers as the learner's and its closing cells run on them."""
+    import tempfile
+
+    previous = os.environ.get("COURSE_WORKSPACE")
+    with tempfile.TemporaryDirectory(prefix="course-workspace-") as tmp:
+        folder = Path(tmp) / "exercises"
+        folder.mkdir()
+        os.environ["COURSE_WORKSPACE"] = tmp
+        try:
+            return nbtools.execute(nbtools.read(path), cwd=folder, timeout=timeout)
+        finally:
+            if previous is None:
+                os.environ.pop("COURSE_WORKSPACE", None)
+            else:
+                os.environ["COURSE_WORKSPACE"] = previous
 
 
 def cmd_new(args):

@@ -1,0 +1,43 @@
+"""Helpers for the carried-forward tests: save the reference solutions as a learner's, then break one.
+
+A solved exercise notebook is run as a learner runs it (from work/exercises/ of a temporary
+workspace, on the course kernel), without its closing cells (those tagged "payoff"), so its
+checks pass and save the reference answers in work/yours/ exactly as a learner's passes would.
+"""
+
+import nbformat
+
+from course_lib import REPO_DIR, nbtools
+from course_lib import keep as store
+
+
+def solution_notebook(chapter):
+    return next((REPO_DIR / "solutions").glob(f"{chapter}_*.ipynb"))
+
+
+def save_reference(chapter, workspace, drop_payoff=True):
+    """Run solutions/NN (minus its payoff cells) from workspace/exercises; return the executed notebook."""
+    nb = nbformat.read(solution_notebook(chapter), as_version=4)
+    if drop_payoff:
+        nb.cells = [c for c in nb.cells if "payoff" not in c.metadata.get("tags", [])]
+    folder = workspace / "exercises"
+    folder.mkdir(parents=True, exist_ok=True)
+    nb = nbtools.execute(nb, cwd=folder, allow_errors=True)
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors, f"the reference solutions of chapter {chapter} failed: {errors[0].ename}: {errors[0].evalue}"
+    assert store.index(chapter), f"chapter {chapter}'s checks passed but saved nothing in {store.folder()}"
+    return nb
+
+
+def break_piece(chapter, exercise, old, new):
+    """Replace `old` with `new` in the saved source of one exercise (a wrong piece, as if saved by a pass)."""
+    pieces = store.index(chapter)
+    source = pieces[exercise]["source"]
+    assert old in source, f"{old!r} is not in the saved {exercise}:\n{source}"
+    store.save(chapter, exercise, pieces[exercise]["names"], source.replace(old, new, 1))
+
+
+def payoff_cells(chapter):
+    """The source of the solved notebook's payoff cells, in order."""
+    nb = nbformat.read(solution_notebook(chapter), as_version=4)
+    return [c.source for c in nb.cells if c.cell_type == "code" and "payoff" in c.metadata.get("tags", [])]
