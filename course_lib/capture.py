@@ -11,6 +11,7 @@ import builtins
 import importlib
 import inspect
 import linecache
+import sys
 import textwrap
 
 PLAIN = (int, float, complex, str, bytes, bool, type(None))
@@ -59,6 +60,10 @@ def _import_line(name, value):
             parent, _, leaf = mod.rpartition(".")
             return f"from {parent} import {leaf}" + (f" as {name}" if leaf != name else "")
         return f"import {mod}" + (f" as {name}" if mod != name else "")
+    for home in ("numba", "numpy", "math"):  # objects known by name only, such as numba's float32
+        module = sys.modules.get(home)
+        if module is not None and getattr(module, name, None) is value:
+            return f"from {home} import {name}"
     mod, qual = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
     if mod and qual and "." not in qual and mod != "__main__":
         try:

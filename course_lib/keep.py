@@ -25,7 +25,7 @@ def module_path(chapter):
 
 
 def index(chapter):
-    """{exercise: {"names": [argument names], "source": text, "time": str}} of the saved pieces."""
+    """{exercise: {"names": [argument names], "source": text, "constants": {position: number}, "time": str}}."""
     try:
         return json.loads((folder() / f"ch{chapter}.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -55,17 +55,21 @@ def record(chapter, exercise, args, kwargs):
     names = [getattr(defined_here(v), "__name__", None) for v in values]
     if not any(names):
         return None
-    return save(chapter, exercise, names, module_source(values))
+    constants = {str(i): v for i, (n, v) in enumerate(zip(names, values)) if n is None and isinstance(v, (int, float))}
+    return save(chapter, exercise, names, module_source(values), constants)
 
 
-def save(chapter, exercise, names, source):
-    """Keep `source` as the learner's passing answer to `exercise`; back up what it replaces."""
+def save(chapter, exercise, names, source, constants=None):
+    """Keep `source` as the learner's passing answer to `exercise`; back up what it replaces.
+
+    constants: {argument position: number} for the check's other arguments, such as a block size."""
     from course_lib.workspace import backup
 
     pieces = index(chapter)
-    if pieces.get(exercise, {}).get("source") == source and pieces[exercise]["names"] == names:
+    piece = {"names": names, "source": source, "constants": constants or {}}
+    if all(pieces.get(exercise, {}).get(k) == v for k, v in piece.items()):
         return module_path(chapter)
-    pieces[exercise] = {"names": names, "source": source, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    pieces[exercise] = {**piece, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     path = module_path(chapter)
     if path.exists():
         backup(path)

@@ -34,7 +34,7 @@ def break_piece(chapter, exercise, old, new):
     pieces = store.index(chapter)
     source = pieces[exercise]["source"]
     assert old in source, f"{old!r} is not in the saved {exercise}:\n{source}"
-    store.save(chapter, exercise, pieces[exercise]["names"], source.replace(old, new, 1))
+    store.save(chapter, exercise, pieces[exercise]["names"], source.replace(old, new, 1), pieces[exercise].get("constants"))
 
 
 def payoff_cells(chapter):

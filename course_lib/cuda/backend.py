@@ -10,94 +10,21 @@ Broadcasting is done before the launch with `TensorData.expand` (stride 0), so t
 kernels never need to know about it. Each call copies the storages to the device and
 the output back (simple, not fast: a real engine keeps tensors on the device).
 
-One kernel per op name, compiled on first use. The scalar functions are written with
-`math` and never raise, so the simulator gives inf and nan where a GPU does.
+One kernel per op name, compiled on first use around that op's scalar function, the plain
+Python function of tensor/scalar_ops.py (which never raises, so the simulator gives inf and nan
+where a GPU does).
 """
-
-import math
 
 import numpy as np
 from numba import cuda, float32, float64
 
 from course_lib.cuda.launch import blocks_for, launch
-from course_lib.tensor import tensor_data
+from course_lib.tensor import scalar_ops, tensor_data
 from course_lib.tensor.backend import Backend
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
 
 THREADS = 128   # most threads per block of the elementwise kernels
 TILE = 16       # matmul tile (8 for small matrices)
-INF = math.inf
-
-
-# ---- scalar functions, one per op name --------------------------------------------------------
-
-@cuda.jit(device=True)
-def _exp(x):
-    return math.exp(x) if x < 709.0 else INF
-
-
-@cuda.jit(device=True)
-def _log(x):
-    return math.log(x) if x > 0 else (-INF if x == 0 else math.nan)
-
-
-@cuda.jit(device=True)
-def _div(x, y):
-    if y != 0:
-        return x / y
-    if x == 0 or x != x:
-        return math.nan
-    return INF if (x > 0) == (math.copysign(1.0, y) > 0) else -INF
-
-
-@cuda.jit(device=True)
-def _sigmoid(x):
-    e = _exp(-abs(x))                   # never overflows
-    return 1.0 / (1.0 + e) if x >= 0 else e / (1.0 + e)
-
-
-@cuda.jit(device=True)
-def _pow(x, y):
-    if x < 0 and y != math.floor(y):
-        return math.nan
-    if x == 0 and y < 0:
-        return INF
-    r = abs(y) * _log(abs(x)) if x != 0 else -INF
-    if r > 709.0:
-        return INF if x > 0 or y % 2 == 0 else -INF
-    return x ** y
-
-
-MAP_FUNCS = {
-    "id": lambda x: x,
-    "neg": lambda x: -x,
-    "exp": _exp,
-    "log": _log,
-    "sqrt": lambda x: math.sqrt(x) if x >= 0 else math.nan,
-    "inv": lambda x: _div(1.0, x),
-    "relu": lambda x: x if x > 0 else 0.0,
-    "step": lambda x: 1.0 if x > 0 else 0.0,
-    "sigmoid": _sigmoid,
-    "tanh": lambda x: math.tanh(x),
-    "gelu": lambda x: x * 0.5 * (1.0 + math.erf(x / math.sqrt(2.0))),
-    "gelu_grad": lambda x: (0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
-                            + x * math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)),
-}
-
-ZIP_FUNCS = {
-    "add": lambda x, y: x + y,
-    "sub": lambda x, y: x - y,
-    "mul": lambda x, y: x * y,
-    "div": _div,
-    "pow": _pow,
-    "max": lambda x, y: x if x > y or x != x else y,
-    "eq": lambda x, y: 1.0 if x == y else 0.0,
-    "ne": lambda x, y: 1.0 if x != y else 0.0,
-    "lt": lambda x, y: 1.0 if x < y else 0.0,
-    "le": lambda x, y: 1.0 if x <= y else 0.0,
-    "gt": lambda x, y: 1.0 if x > y else 0.0,
-    "ge": lambda x, y: 1.0 if x >= y else 0.0,
-}
 
 
 # ---- strided positions -------------------------------------------------------------------------
@@ -107,14 +34,10 @@ ZIP_FUNCS = {
 position = cuda.jit(device=True)(tensor_data.position)
 
 
-# ---- kernel factories: one compiled kernel per op name -------------------------------------------
-
-def _device(fn):
-    return fn if hasattr(fn, "py_func") or type(fn).__name__.endswith("Kernel") else cuda.jit(device=True)(fn)
-
+# ---- kernel factories: one compiled kernel per op, around its function in scalar_ops.py -----------
 
 def _map_kernel(fn):
-    fn = _device(fn)
+    fn = cuda.jit(device=True)(fn)
 
     @cuda.jit
     def kernel(out, shape, out_strides, out_offset, a, a_strides, a_offset, size):
@@ -125,7 +48,7 @@ def _map_kernel(fn):
 
 
 def _zip_kernel(fn):
-    fn = _device(fn)
+    fn = cuda.jit(device=True)(fn)
 
     @cuda.jit
     def kernel(out, shape, out_strides, out_offset, a, a_strides, a_offset, b, b_strides, b_offset, size):
@@ -137,20 +60,20 @@ def _zip_kernel(fn):
     return kernel
 
 
-@cuda.jit
-def _reduce_kernel(out, out_shape, a, a_strides, a_offset, n, step, is_max, size):
-    """One thread per output element walks the n elements along the reduced dim."""
-    i = cuda.grid(1)
-    if i < size:
-        start = position(i, out_shape, a_strides, a_offset)     # out's index is a's with 0 at dim
-        acc = -INF if is_max else 0.0
-        for k in range(n):
-            v = a[start + k * step]
-            if is_max:
-                acc = v if v > acc or v != v else acc
-            else:
-                acc += v
-        out[i] = acc
+def _reduce_kernel(fold, start):
+    """One thread per output element folds the n elements along the reduced dim, from `start`."""
+    fold = cuda.jit(device=True)(fold)
+
+    @cuda.jit
+    def kernel(out, out_shape, a, a_strides, a_offset, n, step, size):
+        i = cuda.grid(1)
+        if i < size:
+            first = position(i, out_shape, a_strides, a_offset)     # out's index is a's with 0 at dim
+            acc = start
+            for k in range(n):
+                acc = fold(acc, a[first + k * step])
+            out[i] = acc
+    return kernel
 
 
 def _threads(size):
@@ -219,21 +142,23 @@ class CudaBackend(Backend):
 
     def map(self, op, a, out=None):
         out = TensorData.zeros(a.shape, a.dtype) if out is None else out
-        kernel = _kernel("map", op, lambda: _map_kernel(MAP_FUNCS[op]))
+        kernel = _kernel("map", op, lambda: _map_kernel(scalar_ops.MAP[op]))
         return self._elementwise(kernel, out, [a])
 
     def zip(self, op, a, b, out=None):
         if out is None:
             out = TensorData.zeros(shape_broadcast(a.shape, b.shape, op), np.result_type(a.dtype, b.dtype))
-        kernel = _kernel("zip", op, lambda: _zip_kernel(ZIP_FUNCS[op]))
+        kernel = _kernel("zip", op, lambda: _zip_kernel(scalar_ops.ZIP[op]))
         return self._elementwise(kernel, out, [a, b])
 
     def reduce(self, op, a, dim):
         shape = tuple(1 if d == dim else n for d, n in enumerate(a.shape))
         out = TensorData.zeros(shape, a.dtype)
         if out.size:
-            launch(_reduce_kernel, blocks_for(out.size, _threads(out.size)), _threads(out.size), out.storage, _ints(shape),
-                   a.storage, _ints(a.strides), a.offset, a.shape[dim], a.strides[dim], op == "max", out.size)
+            zip_op, start = scalar_ops.REDUCE[op]
+            kernel = _kernel("reduce", op, lambda: _reduce_kernel(scalar_ops.ZIP[zip_op], start))
+            launch(kernel, blocks_for(out.size, _threads(out.size)), _threads(out.size), out.storage, _ints(shape),
+                   a.storage, _ints(a.strides), a.offset, a.shape[dim], a.strides[dim], out.size)
         return out
 
     def matmul(self, a, b):

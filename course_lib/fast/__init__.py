@@ -2,12 +2,39 @@
 
 One idea per file:
     indexing.py  where element i of a strided view lives in flat storage (compiled, inlined)
-    ops.py       the scalar ops by name, parallel strided map, zip and reduce kernels, and flat
+    switch.py    one compiled function that runs op number `code` of tensor/scalar_ops.py's table
+    ops.py       the scalar ops by code, parallel strided map, zip and reduce kernels, and flat
                  per-op kernels for contiguous operands
     matmul.py    a parallel, tiled, batched matmul
     backend.py   the four kernels behind chapter 02's backend interface: `set_backend("numba")`
 
 Every kernel is compiled with `cache=True`: the machine code is saved next to this package
 (in `__pycache__`), so the next Python process loads it instead of compiling again. Editing a
-file changes its hash and recompiles that file's kernels.
+file recompiles that file's kernels, but only that file's, while the kernels here inline the
+scalar ops of tensor/scalar_ops.py and the index helper of tensor/tensor_data.py. So
+`_drop_stale_kernels` below keeps a fingerprint of those two files, and when it changes (after a
+`git pull`, say) it deletes this package's cached machine code, which then compiles afresh.
 """
+
+import hashlib
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+_INLINED = [_HERE.parent / "tensor" / "scalar_ops.py", _HERE.parent / "tensor" / "tensor_data.py"]
+
+
+def _drop_stale_kernels(cache=_HERE / "__pycache__"):
+    fingerprint = hashlib.sha256(b"".join(p.read_bytes() for p in _INLINED)).hexdigest()
+    stamp = cache / "inlined.sha256"
+    try:
+        if stamp.exists() and stamp.read_text() == fingerprint:
+            return
+        for f in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
+            f.unlink()
+        cache.mkdir(exist_ok=True)
+        stamp.write_text(fingerprint)
+    except OSError:  # a read-only install: Numba then caches elsewhere, or compiles each time
+        pass
+
+
+_drop_stale_kernels()

@@ -1,9 +1,9 @@
 """The Numba backend for chapter 02's tensor engine: `set_backend("numba")`.
 
 Each method turns TensorData views (storage, shape, strides, offset) into the int64 arrays
-the kernels of ops.py and matmul.py take, and calls them. Nothing is copied except by
-matmul, which makes its operands contiguous so its inner loop can run at stride 1.
-A 0-d tensor is run as shape (1,) with stride 0.
+the kernels of ops.py and matmul.py take, and an op's name into its code (tensor/scalar_ops.py),
+and calls them. Nothing is copied except by matmul, which makes its operands contiguous so its
+inner loop can run at stride 1. A 0-d tensor is run as shape (1,) with stride 0.
 
 Most calls in a training loop are small, with contiguous operands (or a single number, like
 Adam's learning rate). map and zip send those to the flat, vectorized one-thread kernels of
@@ -22,25 +22,10 @@ import numpy as np
 
 from course_lib.fast.indexing import as_int_array, broadcast_strides, contiguous_strides
 from course_lib.fast.matmul import matmul_kernel, pack_transposed, row_block
-from course_lib.fast.ops import (
-    MAP_NAMES,
-    REDUCE_NAMES,
-    ZIP_NAMES,
-    flat_map,
-    flat_zip,
-    map_kernel,
-    reduce_kernel,
-    where_kernel,
-    zip_kernel,
-)
-from course_lib.tensor.backend import MAP_OPS, REDUCE_OPS, ZIP_OPS, Backend
+from course_lib.fast.ops import flat_map, flat_zip, map_kernel, reduce_kernel, where_kernel, zip_kernel
+from course_lib.tensor.backend import Backend
+from course_lib.tensor.scalar_ops import MAP_CODE, REDUCE_CODE, ZIP_CODE
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
-
-MAP_CODE = {name: i for i, name in enumerate(MAP_NAMES)}
-ZIP_CODE = {name: i for i, name in enumerate(ZIP_NAMES)}
-REDUCE_CODE = {name: i for i, name in enumerate(REDUCE_NAMES)}
-assert set(MAP_CODE) == set(MAP_OPS) and set(ZIP_CODE) == set(ZIP_OPS) and set(REDUCE_CODE) == set(REDUCE_OPS)
-
 
 PARALLEL_MIN = 1 << 17  # elements (or multiply-adds / 16 in matmul) below which one thread is faster
 

@@ -1,9 +1,10 @@
-"""The scalar ops by name, and parallel strided map, zip and reduce kernels.
+"""Parallel strided map, zip and reduce kernels, and flat kernels for contiguous operands.
 
-One compiled kernel serves every op: the op arrives as a small integer and `unary` /
-`binary` branch on it. The branch is the same for every element, so the CPU predicts it
-perfectly, and we compile 3 kernels per dtype instead of one per op (compiling a parallel
-kernel costs about 2 s).
+The scalar ops are tensor/scalar_ops.py's plain functions, compiled here for the CPU. One
+compiled kernel serves every op: the op arrives as its code (`scalar_ops.MAP_CODE[name]`) and
+`unary` / `binary` / `fold` branch on it (switch.py). The branch is the same for every element,
+so the CPU predicts it perfectly, and we compile 3 kernels per dtype instead of one per op
+(compiling a parallel kernel costs about 2 s).
 
 For the common small case, where every operand is contiguous (or a single number broadcast
 to all), `flat_map` and `flat_zip` build one small single-threaded kernel per op instead: the
@@ -18,86 +19,23 @@ own last-dim stride, so permuted, sliced and broadcast (stride 0) views need no 
 """
 
 import functools
-import math
 
 import numpy as np
 from numba import njit, prange
 
 from course_lib.fast.indexing import position
+from course_lib.fast.switch import JIT, switch
+from course_lib.tensor import scalar_ops
 
-MAP_NAMES = ("id", "neg", "exp", "log", "sqrt", "inv", "relu", "step", "sigmoid", "tanh",
-             "gelu", "gelu_grad")
-ZIP_NAMES = ("add", "sub", "mul", "div", "pow", "max", "eq", "ne", "lt", "le", "gt", "ge")
-REDUCE_NAMES = ("sum", "max")
 BLOCK = 2048
 
-_SQRT_2 = math.sqrt(2.0)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_JIT = dict(cache=True, error_model="numpy")
+unary = switch(scalar_ops.MAP, "x")      # unary(code, x) = the map op of that code, applied to x
+binary = switch(scalar_ops.ZIP, "x, y")  # binary(code, x, y); comparisons give 1.0 or 0.0
+fold = switch({name: scalar_ops.ZIP[op] for name, (op, _) in scalar_ops.REDUCE.items()}, "acc, x")
+START = np.array([start for _, start in scalar_ops.REDUCE.values()])  # fold(code, acc, x) from acc = START[code]
 
 
-@njit(inline="always", **_JIT)
-def unary(op, x):
-    """MAP_NAMES[op] applied to x."""
-    if op == 0:
-        return x
-    elif op == 1:
-        return -x
-    elif op == 2:
-        return np.exp(x)
-    elif op == 3:
-        return np.log(x)
-    elif op == 4:
-        return np.sqrt(x)
-    elif op == 5:
-        return 1.0 / x
-    elif op == 6:
-        return x if x > 0 else 0.0
-    elif op == 7:
-        return 1.0 if x > 0 else 0.0
-    elif op == 8:  # sigmoid: exp of a non-positive number never overflows
-        if x >= 0:
-            return 1.0 / (1.0 + np.exp(-x))
-        e = np.exp(x)
-        return e / (1.0 + e)
-    elif op == 9:
-        return np.tanh(x)
-    elif op == 10:
-        return x * 0.5 * (1.0 + math.erf(x / _SQRT_2))
-    else:
-        return 0.5 * (1.0 + math.erf(x / _SQRT_2)) + x * np.exp(-0.5 * x * x) * _INV_SQRT_2PI
-
-
-@njit(inline="always", **_JIT)
-def binary(op, x, y):
-    """ZIP_NAMES[op] applied to (x, y); comparisons give 1.0 or 0.0."""
-    if op == 0:
-        return x + y
-    elif op == 1:
-        return x - y
-    elif op == 2:
-        return x * y
-    elif op == 3:
-        return x / y
-    elif op == 4:
-        return x ** y
-    elif op == 5:  # like np.maximum: a nan on either side wins
-        return x if (x > y or x != x) else y
-    elif op == 6:
-        return 1.0 if x == y else 0.0
-    elif op == 7:
-        return 1.0 if x != y else 0.0
-    elif op == 8:
-        return 1.0 if x < y else 0.0
-    elif op == 9:
-        return 1.0 if x <= y else 0.0
-    elif op == 10:
-        return 1.0 if x > y else 0.0
-    else:
-        return 1.0 if x >= y else 0.0
-
-
-@njit(parallel=True, **_JIT)
+@njit(parallel=True, **JIT)
 def map_kernel(op, out, out_offset, shape, out_strides, a, a_offset, a_strides):
     """out[i] = unary(op, a[i]) over `shape`; a's strides are already broadcast to it."""
     n = shape[-1]
@@ -114,7 +52,7 @@ def map_kernel(op, out, out_offset, shape, out_strides, a, a_offset, a_strides):
             out[po + j * so] = unary(op, a[pa + j * sa])
 
 
-@njit(parallel=True, **_JIT)
+@njit(parallel=True, **JIT)
 def zip_kernel(op, out, out_offset, shape, out_strides, a, a_offset, a_strides, b, b_offset, b_strides):
     """out[i] = binary(op, a[i], b[i]) over `shape`; a's and b's strides are broadcast to it."""
     n = shape[-1]
@@ -132,7 +70,7 @@ def zip_kernel(op, out, out_offset, shape, out_strides, a, a_offset, a_strides, 
             out[po + j * so] = binary(op, a[pa + j * sa], b[pb + j * sb])
 
 
-@njit(parallel=True, **_JIT)
+@njit(parallel=True, **JIT)
 def reduce_kernel(op, out, out_shape, a, a_offset, a_strides, dim, n):
     """Reduce dim `dim` (of length n) of a into the contiguous `out` of `out_shape` (keepdim).
 
@@ -149,20 +87,16 @@ def reduce_kernel(op, out, out_shape, a, a_offset, a_strides, dim, n):
         first = (blk // per_row) * m + (blk % per_row) * BLOCK
         width = min(BLOCK, m - (blk % per_row) * BLOCK)
         start = position(first, out_shape, a_strides, a_offset)  # index 0 along dim
-        acc = np.full(width, 0.0 if op == 0 else -np.inf)
+        acc = np.full(width, START[op])
         for k in range(n):
             base = start + k * step
             for j in range(width):
-                x = a[base + j * last]
-                if op == 0:
-                    acc[j] += x
-                elif x > acc[j] or x != x:
-                    acc[j] = x
+                acc[j] = fold(op, acc[j], a[base + j * last])
         for j in range(width):
             out[first + j] = acc[j]
 
 
-@njit(parallel=True, **_JIT)
+@njit(parallel=True, **JIT)
 def where_kernel(out, shape, c, c_offset, c_strides, a, a_offset, a_strides, b, b_offset, b_strides):
     """out[i] = a[i] if c[i] != 0 else b[i], into the contiguous `out`; inputs broadcast to shape."""
     for i in prange(out.size):
@@ -176,7 +110,7 @@ def where_kernel(out, shape, c, c_offset, c_strides, a, a_offset, a_strides, b, 
 @functools.cache
 def flat_map(op):
     """A kernel out[i] = unary(op, a[i]) for contiguous out and a of the same size."""
-    @njit(**_JIT)
+    @njit(**JIT)
     def kernel(out, a):
         for i in range(out.size):
             out[i] = unary(op, a[i])
@@ -187,7 +121,7 @@ def flat_map(op):
 def flat_zip(op, a_is_scalar, b_is_scalar):
     """A kernel out[i] = binary(op, a[i], b[i]) for contiguous operands; an operand flagged
     as scalar has one element, read at every i. Op and flags are constants of the kernel."""
-    @njit(**_JIT)
+    @njit(**JIT)
     def kernel(out, a, b):
         for i in range(out.size):
             x = a[0] if a_is_scalar else a[i]

@@ -52,45 +52,18 @@ from __future__ import annotations
 import contextlib
 import importlib
 
+from course_lib.tensor import scalar_ops
 from course_lib.tensor.tensor_data import TensorData
 
-#: unary ops for `map`, and the scalar function each one computes
-MAP_OPS = {
-    "id": "x",
-    "neg": "-x",
-    "exp": "exp(x)",
-    "log": "log(x)",
-    "sqrt": "sqrt(x)",
-    "inv": "1 / x",
-    "relu": "x if x > 0 else 0",
-    "step": "1 if x > 0 else 0          (relu's derivative)",
-    "sigmoid": "1 / (1 + exp(-x))        (stable for large |x|)",
-    "tanh": "tanh(x)",
-    "gelu": "x * 0.5 * (1 + erf(x / sqrt(2)))      (exact GELU, as torch's default)",
-    "gelu_grad": "0.5 * (1 + erf(x / sqrt(2))) + x * exp(-x*x/2) / sqrt(2*pi)",
-}
+#: unary ops for `map`: name -> the scalar function each one computes (scalar_ops.py)
+MAP_OPS = {name: f.__doc__ for name, f in scalar_ops.MAP.items()}
 
 #: binary ops for `zip`
-ZIP_OPS = {
-    "add": "x + y",
-    "sub": "x - y",
-    "mul": "x * y",
-    "div": "x / y",
-    "pow": "x ** y",
-    "max": "max(x, y)",
-    "eq": "1 if x == y else 0",
-    "ne": "1 if x != y else 0",
-    "lt": "1 if x < y else 0",
-    "le": "1 if x <= y else 0",
-    "gt": "1 if x > y else 0",
-    "ge": "1 if x >= y else 0",
-}
+ZIP_OPS = {name: f.__doc__ for name, f in scalar_ops.ZIP.items()}
 
 #: reductions for `reduce`
-REDUCE_OPS = {
-    "sum": "x0 + x1 + ...        (start 0)",
-    "max": "max(x0, x1, ...)     (start -inf)",
-}
+REDUCE_OPS = {name: f"acc = {op}(acc, x) for each x along dim, from acc = {start}"
+              for name, (op, start) in scalar_ops.REDUCE.items()}
 
 __doc__ += "\n".join(
     [f"    map  {k:10s} {v}" for k, v in MAP_OPS.items()]

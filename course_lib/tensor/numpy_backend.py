@@ -2,6 +2,8 @@
 
 `TensorData.to_numpy()` turns a strided view into a numpy view of the same memory
 (no copy), so numpy's own strided loops do the work; nothing here loops in Python.
+Each op is the whole-array form of its scalar function in scalar_ops.py (the compiled
+backends run those functions themselves); tests/test_scalar_op_codes.py checks they agree.
 """
 
 from __future__ import annotations

@@ -42,15 +42,17 @@ def load(chapter):
     return module
 
 
-def _verify(chapter, exercise, args):
+def _verify(chapter, exercise, args, names=()):
     """Run the exercise's check again on the saved functions; CheckFailed names the piece if they fail."""
     check = getattr(importlib.import_module(f"course_lib.checks.ch{chapter}"), exercise)
+    named = [n for n in names if n and n != exercise]
+    what = f"`{exercise}` ({', '.join(named)})" if named else f"`{exercise}`"
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             check(*args)
     except CheckFailed as e:
         raise CheckFailed(
-            f"your saved `{exercise}` ({store.module_path(chapter)}) fails its check again, so it cannot "
+            f"your saved {what} ({store.module_path(chapter)}) fails its check again, so it cannot "
             f"run here. Fix it in your exercise notebook and pass the check, or run "
             f"`yours.use(\"{chapter}\", False)` to use the course's version.\n{e}") from None
 
@@ -68,15 +70,18 @@ def pieces(chapter, reference, verify=True, quiet=False):
         wanted = [n for n in piece["names"] if n in reference]
         if not wanted:
             continue
-        funcs = [getattr(module, n, None) if n else None for n in piece["names"]]
+        constants = piece.get("constants", {})  # the check's other arguments: a block size, say
+        funcs = [getattr(module, n, None) if n else constants.get(str(i)) for i, n in enumerate(piece["names"])]
         if verify:
-            _verify(chapter, exercise, funcs)
+            _verify(chapter, exercise, funcs, piece["names"])
         for n, f in zip(piece["names"], funcs):
             if n in reference and f is not None:
                 chosen[n] = f
                 mine.append(n)
     if not quiet:
         course = [n for n in reference if n not in mine]
-        print(f"chapter {chapter}: " + (f"your {', '.join(mine)}" if mine else "none of your code saved yet")
+        switched_off = not _choice.get(chapter, True)
+        nothing = "your code switched off by yours.use" if switched_off else "none of your code saved yet"
+        print(f"chapter {chapter}: " + (f"your {', '.join(mine)}" if mine else nothing)
               + (f"; the course's {', '.join(course)}" if course else "; nothing of the course's"))
     return chosen

@@ -1,0 +1,156 @@
+"""Chapter 06 carried forward: the learner's Numba kernels as the "yours-numba" tensor backend.
+
+With the reference solutions saved as the learner's, the backend runs the learner's kernels, equals
+the numpy backend on random strided views, and the payoff trains the digits MLP to the same losses;
+a wrong kernel saved stops the payoff at once, named; `yours.use("06", False)` runs the course's.
+"""
+
+import contextlib
+import io
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_lib import yours
+from course_lib.checks import CheckFailed
+from course_lib.tensor.backend import MAP_OPS, ZIP_OPS, get_backend
+from course_lib.tensor.numpy_backend import backend as numpy_backend
+from course_lib.tensor.tensor_data import TensorData, slice_view
+from course_lib.yours import numba_backend
+from tests import carried
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A workspace where solutions/06 (minus the payoff) ran as the learner's: every kernel saved."""
+    work = tmp_path_factory.mktemp("ch06") / "work"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COURSE_WORKSPACE", str(work))
+        mp.delenv("COURSE_PROGRESS_FILE", raising=False)
+        carried.save_reference("06", work)
+        yield work
+
+
+def run_payoff(namespace=None):
+    """Run the payoff cells of solutions/06 in this process; return (namespace, printed text)."""
+    namespace = {} if namespace is None else namespace
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for source in carried.payoff_cells("06"):
+            exec(compile(source, "<payoff>", "exec"), namespace)
+    return namespace, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def payoff(saved):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COURSE_WORKSPACE", str(saved))
+        yield run_payoff()
+
+
+def test_payoff_trains_on_your_kernels_to_the_numpy_losses(payoff):
+    namespace, text = payoff
+    assert ("your strided_map runs map; your strided_zip runs zip; your sum_dim runs reduce sum; your matmul runs "
+            "matmul; the course's kernels run reduce max, where") in text
+    assert "the largest difference between the two losses is below 1e-4: True" in text
+    numpy_run, your_run = namespace["runs"]["numpy"], namespace["runs"]["yours-numba"]
+    assert your_run["accuracy"] == numpy_run["accuracy"] > 0.9
+    backend = namespace["backend"]
+    assert get_backend("yours-numba") is backend
+    assert set(backend.calls) == {"strided_map", "strided_zip", "sum_dim", "matmul"}
+    assert all(k.__module__ == "course_yours_ch06" for k in backend.kernels.values())
+
+
+def _view(rng, shape, dtype):
+    """A random view of `shape`: contiguous, permuted, sliced (offset and step) or expanded (stride 0)."""
+    kind = rng.integers(4) if shape else 0
+    if kind == 1:
+        order = rng.permutation(len(shape))
+        parent = TensorData.from_numpy(rng.uniform(0.5, 2, tuple(shape[i] for i in np.argsort(order))), dtype)
+        return parent.permute(*order)
+    if kind == 2:
+        parent = TensorData.from_numpy(rng.uniform(0.5, 2, tuple(2 * n + 1 for n in shape)), dtype)
+        return slice_view(parent, tuple(slice(1, 2 * n + 1, 2) for n in shape))
+    if kind == 3:
+        small = tuple(1 if rng.random() < 0.5 else n for n in shape)
+        return TensorData.from_numpy(rng.uniform(0.5, 2, small), dtype).expand(shape)
+    return TensorData.from_numpy(rng.uniform(0.5, 2, shape), dtype)
+
+
+def _same(yours_td, numpy_td):
+    assert yours_td.shape == numpy_td.shape and yours_td.dtype == numpy_td.dtype
+    tol = 1e-5 if yours_td.dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(yours_td.to_numpy(), numpy_td.to_numpy(), rtol=tol, atol=tol)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_backend_equals_numpy_on_random_views(payoff, seed):
+    backend = payoff[0]["backend"]
+    rng = np.random.default_rng(seed)
+    dtype = (np.float32, np.float64)[seed % 2]
+    shape = tuple(int(n) for n in rng.integers(1, 6, size=rng.integers(0, 4)))
+    a, b = _view(rng, shape, dtype), _view(rng, shape[int(rng.integers(0, len(shape) + 1)):], dtype)
+    before = dict(backend.calls)
+    for op in MAP_OPS:
+        _same(backend.map(op, a), numpy_backend.map(op, a))
+    for op in ZIP_OPS:                               # b has lower rank: broadcast, aligned on the right
+        _same(backend.zip(op, a, b), numpy_backend.zip(op, a, b))
+        _same(backend.zip(op, b, a), numpy_backend.zip(op, b, a))
+    for dim in range(len(shape)):
+        _same(backend.reduce("sum", a, dim), numpy_backend.reduce("sum", a, dim))
+    target = TensorData.zeros((2,) + shape, dtype)   # map into a strided out: every other row of a bigger one
+    out = slice_view(target, (0,))
+    backend.map("neg", b, out)
+    np.testing.assert_array_equal(target.to_numpy()[0], -np.broadcast_to(b.to_numpy(), shape))
+    n, k, m = (int(v) for v in rng.integers(1, 7, size=3))
+    x = _view(rng, (int(rng.integers(1, 3)), n, k), dtype)
+    w = TensorData.from_numpy(rng.uniform(-1, 1, (m, k)), dtype).permute(1, 0)   # a transposed (k, m)
+    _same(backend.matmul(x, w), numpy_backend.matmul(x, w))
+    assert backend.calls["strided_map"] > before.get("strided_map", 0) and backend.calls["matmul"] > before.get("matmul", 0)
+
+
+def test_special_values_as_the_numpy_backend(payoff):
+    """Each op arrives in your kernels as the course's scalar function: inf, nan and 0 as numpy has them."""
+    backend = payoff[0]["backend"]
+    values = [0.0, -0.0, -1.5, 2.0, np.inf, -np.inf, np.nan, 1e30, 800.0]
+    for dtype in (np.float32, np.float64):
+        x = TensorData.from_numpy(values, dtype)
+        rows, cols = x.view((len(values), 1)), x.view((1, len(values)))     # every pair, by broadcasting
+        with np.errstate(all="ignore"):
+            for op in MAP_OPS:
+                np.testing.assert_allclose(backend.map(op, x).to_numpy(), numpy_backend.map(op, x).to_numpy(),
+                                           rtol=1e-6, err_msg=op)
+            for op in ZIP_OPS:
+                np.testing.assert_allclose(backend.zip(op, rows, cols).to_numpy(),
+                                           numpy_backend.zip(op, rows, cols).to_numpy(), rtol=1e-6, err_msg=op)
+
+
+def test_a_wrong_kernel_stops_the_payoff_named(saved, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    shutil.copytree(saved, work)
+    monkeypatch.setenv("COURSE_WORKSPACE", str(work))
+    carried.break_piece("06", "strided_zip", "= fn(x, y)", "= fn(y, x)")     # a and b swapped
+    namespace = {}
+    with pytest.raises(CheckFailed, match="your saved `strided_zip`"):
+        run_payoff(namespace)
+    assert "runs" not in namespace                       # stopped in the first cell, before any training
+
+
+def test_switched_off_the_course_kernels_run(saved, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_WORKSPACE", str(saved))
+    yours.use("06", False)
+    try:
+        backend = numba_backend.build()
+    finally:
+        yours.use("06", True)
+    assert "none of your kernels" in capsys.readouterr().out
+    assert not backend.kernels
+    a = TensorData.from_numpy(np.arange(6.0).reshape(2, 3), np.float64)
+    _same(backend.zip("mul", a, a), numpy_backend.zip("mul", a, a))
+    _same(backend.reduce("sum", a, 1), numpy_backend.reduce("sum", a, 1))
+    _same(backend.matmul(a, a.permute(1, 0)), numpy_backend.matmul(a, a.permute(1, 0)))
+    assert not backend.calls
