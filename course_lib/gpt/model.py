@@ -25,6 +25,7 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     sdpa: bool = True          # use F.scaled_dot_product_attention; False runs `causal_attention` below
+    fused: bool = False        # chapter 10's tiled attention (course_lib.fused) instead of either; no dropout
 
 
 def causal_attention(q, k, v, dropout=None):
@@ -48,6 +49,7 @@ class CausalSelfAttention(nn.Module):
         assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
         self.sdpa = config.sdpa
+        self.fused = config.fused
         self.dropout = config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)   # q, k, v for all heads at once
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)       # mixes the heads' outputs
@@ -63,7 +65,13 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.update(layer, k, v)   # prepend the keys and values of earlier positions
-        if self.sdpa and not self.record_weights:
+        if self.fused and not self.record_weights:
+            from course_lib.fused.attention_op import attention  # here, so that numba loads only when used
+
+            if self.training and self.dropout > 0:
+                raise NotImplementedError("the fused attention has no dropout")
+            y = attention(q, k, v, causal=True)   # its mask lines the T queries up with the last T keys
+        elif self.sdpa and not self.record_weights:
             Tk = k.size(-2)
             mask = None if T == Tk else torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,

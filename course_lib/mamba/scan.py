@@ -130,5 +130,13 @@ def default_chunk(L):
     return max(1, math.isqrt(L))
 
 
+def selective_scan_fused(x, delta, A, B, C, D, return_state=False):
+    """Chapter 10's fused kernel (Numba, one pass, nothing (b, L, D, N) stored). Imported on first use,
+    so that this chapter does not need numba."""
+    from course_lib.fused.scan_op import selective_scan_fused as fused
+
+    return fused(x, delta, A, B, C, D, return_state=return_state)
+
+
 SCANS = {"sequential": selective_scan_sequential, "parallel": selective_scan_parallel,
-         "chunked": selective_scan_chunked}
+         "chunked": selective_scan_chunked, "fused": selective_scan_fused}

@@ -1,0 +1,97 @@
+"""All-reduce from point-to-point messages: the ring (a reduce-scatter, then an all-gather).
+
+The p ranks stand in a ring; each cuts its tensor of n elements into p chunks and only ever sends
+to its right neighbour and receives from its left one.
+
+- reduce-scatter, p-1 steps: at each step every rank sends one chunk and adds the chunk it receives
+  to its own. After p-1 steps, rank r holds the complete sum of chunk r+1 (mod p).
+- all-gather, p-1 steps: the completed chunks travel once around the ring, overwriting.
+
+Each rank sends 2(p-1) chunks of n/p elements: 2(p-1)/p · n in all, less than 2n whatever p is.
+That is the least any all-reduce can send per rank (each element's sum needs the other p-1
+contributions brought to one place, then sent back out to p-1 ranks; spread over p ranks, that is
+(p-1)/p · n each way), so the ring is bandwidth-optimal. Sending everything to rank 0 instead makes
+rank 0 receive (p-1)·n and send (p-1)·n: its link is the bottleneck and the time grows with p. The
+ring pays instead in latency: 2(p-1) messages one after the other, which is why small tensors are
+better batched into buckets (see `ddp`).
+"""
+
+import torch
+import torch.distributed as dist
+
+
+def chunk_sent(phase, rank, step, world_size):
+    """The chunk index that `rank` sends to its right neighbour at `step` of `phase`."""
+    if phase == "reduce-scatter":
+        return (rank - step) % world_size
+    return (rank + 1 - step) % world_size   # all-gather: starting with the chunk it completed
+
+
+def chunk_received(phase, rank, step, world_size):
+    """The chunk index `rank` receives at that step: the one its left neighbour sends."""
+    return chunk_sent(phase, (rank - 1) % world_size, step, world_size)
+
+
+def ring_schedule(world_size):
+    """What each rank holds before the ring starts and after each of its 2(p-1) steps, for a picture.
+
+    A list of dicts {"phase", "step", "sent": [chunk sent by each rank] (None at the start),
+    "held": held[rank][chunk] = the ranks whose values that copy of the chunk has summed so far}.
+    """
+    p = world_size
+    held = [[(r,) for _ in range(p)] for r in range(p)]
+    steps = [{"phase": "start", "step": 0, "sent": None, "held": [list(row) for row in held]}]
+    for phase in ("reduce-scatter", "all-gather"):
+        for s in range(p - 1):
+            sent = [chunk_sent(phase, r, s, p) for r in range(p)]
+            incoming = [held[(r - 1) % p][sent[(r - 1) % p]] for r in range(p)]   # read before anyone writes
+            for r in range(p):
+                c = sent[(r - 1) % p]
+                held[r][c] = tuple(sorted(held[r][c] + incoming[r])) if phase == "reduce-scatter" else incoming[r]
+            steps.append({"phase": phase, "step": s, "sent": sent, "held": [list(row) for row in held]})
+    return steps
+
+
+def _exchange(send, recv, rank, world_size):
+    """Send to the right neighbour while receiving from the left one; both posted before either waits."""
+    ops = []   # n < p leaves some chunks empty: both ends know it, and skip that message
+    if send.numel():
+        ops.append(dist.P2POp(dist.isend, send, (rank + 1) % world_size))
+    if recv.numel():
+        ops.append(dist.P2POp(dist.irecv, recv, (rank - 1) % world_size))
+    if not ops:
+        return
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+
+
+def ring_all_reduce(tensor):
+    """Sum `tensor` over all ranks, in place, like dist.all_reduce(tensor); returns it."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if p == 1:
+        return tensor
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+    chunks = torch.tensor_split(flat, p)   # views; sizes differ by at most 1 when p does not divide n
+    for phase in ("reduce-scatter", "all-gather"):
+        for s in range(p - 1):
+            send = chunks[chunk_sent(phase, rank, s, p)]
+            mine = chunks[chunk_received(phase, rank, s, p)]
+            incoming = torch.empty_like(mine)
+            _exchange(send, incoming, rank, p)
+            if phase == "reduce-scatter":
+                mine += incoming
+            else:
+                mine.copy_(incoming)
+    if flat.data_ptr() != tensor.data_ptr():
+        tensor.copy_(flat.view_as(tensor))
+    return tensor
+
+
+def ring_bytes(n_bytes, world_size):
+    """Bytes each rank sends (and receives) in a ring all-reduce of n_bytes: 2(p-1)/p · n."""
+    return 2 * (world_size - 1) / world_size * n_bytes
+
+
+def ring_seconds(n_bytes, world_size, latency, bandwidth):
+    """The cost model: 2(p-1) messages of `latency` seconds each, plus ring_bytes at `bandwidth` bytes/s."""
+    return 2 * (world_size - 1) * latency + ring_bytes(n_bytes, world_size) / bandwidth

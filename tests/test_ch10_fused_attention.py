@@ -1,0 +1,150 @@
+"""Tiled attention (course_lib.fused.attention_*) against F.scaled_dot_product_attention in float64.
+
+Values and the gradients of q, k and v, causal or not, on random shapes whose lengths are not
+multiples of the tiles (the CPU kernel's 64, the CUDA kernel's 16), also with fewer queries than
+keys (a KV cache). The CUDA kernels run on Numba's simulator at tiny sizes. The op passes opcheck,
+the log-sum-exp output has its own correct gradient, chapter 04's GPT gives the same logits with it,
+and its extra memory grows like T where naive attention's grows like T^2.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib.fused import attention_cuda
+from course_lib.fused.attention_memory import memory_curve
+from course_lib.fused.attention_op import attention, attention_forward, naive_attention
+from course_lib.gpt.model import GPT, GPTConfig, KVCache
+
+torch.set_num_threads(1)
+TOL = dict(rtol=1e-10, atol=1e-10)
+
+
+def qkv(seed, B, H, Tq, Tk, d, dv=None, dtype=torch.float64):
+    g = np.random.default_rng(seed)
+    shapes = [(B, H, Tq, d), (B, H, Tk, d), (B, H, Tk, dv or d), (B, H, Tq, dv or d)]
+    q, k, v, dout = (torch.tensor(g.uniform(-2, 2, s), dtype=dtype) for s in shapes)
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), dout
+
+
+def reference(q, k, v, causal):
+    """SDPA, with the mask written out when the queries are the last Tq of the Tk positions."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    if causal and Tq != Tk:
+        mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def assert_matches(fn, q, k, v, dout, causal, **tol):
+    out, ref = fn(q, k, v, causal), reference(q, k, v, causal)
+    torch.testing.assert_close(out, ref, **tol)
+    for mine, theirs in zip(torch.autograd.grad(out, (q, k, v), dout), torch.autograd.grad(ref, (q, k, v), dout)):
+        torch.testing.assert_close(mine, theirs, **tol)
+
+
+RANDOM = [tuple(int(x) for x in np.random.default_rng(s).integers((1, 1, 2, 2), (3, 4, 200, 20))) for s in range(6)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("B, H, T, d", [(1, 1, 64, 8), (2, 3, 129, 5), (1, 2, 1, 4)] + RANDOM)
+def test_cpu_matches_sdpa_float64(B, H, T, d, causal):
+    assert_matches(attention, *qkv(B * 1000 + T, B, H, T, T, d), causal, **TOL)
+
+
+@pytest.mark.parametrize("fn", [attention, naive_attention], ids=["fused", "naive"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("Tq, Tk, dv", [(1, 150, 6), (70, 131, 11), (3, 3, 1)])
+def test_fewer_queries_than_keys_and_other_value_size(Tq, Tk, dv, causal, fn):
+    assert_matches(fn, *qkv(Tq + Tk, 2, 2, Tq, Tk, 7, dv), causal, **TOL)
+
+
+def test_cpu_float32_is_close():
+    q, k, v, dout = qkv(7, 2, 2, 150, 150, 32, dtype=torch.float32)
+    assert attention(q, k, v).dtype == torch.float32
+    assert_matches(attention, q, k, v, dout, True, rtol=1e-4, atol=1e-5)
+
+
+def test_lse_and_its_gradient():
+    """lse = logsumexp of the scaled scores; its gradient (softmax's P) flows back through the same kernels."""
+    q, k, v, dout = qkv(8, 2, 2, 77, 77, 6)
+    g = torch.tensor(np.random.default_rng(9).uniform(-2, 2, (2, 2, 77)))
+    out, lse = attention_forward(q, k, v, True, 0.37)
+    scores = (q @ k.transpose(-2, -1) * 0.37).masked_fill(torch.ones(77, 77, dtype=torch.bool).triu(1), float("-inf"))
+    ref_lse = scores.logsumexp(-1)
+    ref_out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.37)
+    torch.testing.assert_close(lse, ref_lse, **TOL)
+    loss, ref_loss = (out * dout).sum() + (lse * g).sum(), (ref_out * dout).sum() + (ref_lse * g).sum()
+    for mine, theirs in zip(torch.autograd.grad(loss, (q, k, v)), torch.autograd.grad(ref_loss, (q, k, v))):
+        torch.testing.assert_close(mine, theirs, **TOL)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_opcheck(causal):
+    q, k, v, _ = qkv(10, 2, 2, 19, 19, 8)
+    torch.library.opcheck(attention_forward, (q, k, v, causal, 0.3))
+
+
+# ---- the CUDA kernels, on the simulator: a few hundred threads at most -----------------------
+
+
+def cuda_attention(q, k, v, causal):
+    class Cuda(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out, lse = attention_cuda.forward(q, k, v, causal)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v, out, lse = ctx.saved_tensors
+            return attention_cuda.backward(q, k, v, dout, lse, (dout * out).sum(-1), causal)
+
+    return Cuda.apply(q, k, v)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("Tq, Tk, d, dv", [(19, 19, 8, 8), (5, 21, 3, 7)])
+def test_cuda_kernels_match_sdpa_float64(Tq, Tk, d, dv, causal):
+    q, k, v, dout = qkv(Tq * Tk + d, 2, 1, Tq, Tk, d, dv)
+    assert 2 * ((max(Tq, Tk) + 15) // 16) * attention_cuda.TILE <= 200     # threads per launch
+    assert_matches(cuda_attention, q, k, v, dout, causal, **TOL)
+
+
+def test_cuda_kernels_float32_forward():
+    q, k, v, _ = qkv(11, 1, 2, 19, 19, 8, dtype=torch.float32)
+    out, lse = attention_cuda.forward(q.detach(), k.detach(), v.detach(), True)
+    assert out.dtype == lse.dtype == torch.float32
+    torch.testing.assert_close(out, reference(q, k, v, True), rtol=1e-5, atol=1e-6)
+
+
+# ---- chapter 04's GPT, and memory ------------------------------------------------------------
+
+
+def test_gpt_with_fused_attention_gives_the_same_logits_and_gradients():
+    config = dict(vocab_size=53, block_size=29, n_layer=2, n_head=3, n_embd=24)
+    torch.manual_seed(0)
+    ref = GPT(GPTConfig(**config)).double()
+    ours = GPT(GPTConfig(**config, fused=True)).double()
+    ours.load_state_dict(ref.state_dict())
+    idx, targets = torch.randint(0, 53, (2, 29)), torch.randint(0, 53, (2, 29))
+    (logits, loss), (ref_logits, ref_loss) = ours(idx, targets), ref(idx, targets)
+    torch.testing.assert_close(logits, ref_logits, **TOL)
+    loss.backward()
+    ref_loss.backward()
+    grads = dict(ref.named_parameters())
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, **TOL)
+    with torch.no_grad():                       # with a KV cache: 21 queries then 1 at a time
+        caches = KVCache(2), KVCache(2)
+        for part in (idx[:, :21], idx[:, 21:22], idx[:, 22:23]):
+            torch.testing.assert_close(ours(part, cache=caches[0])[0], ref(part, cache=caches[1])[0], **TOL)
+
+
+def test_extra_memory_grows_like_T_for_fused_and_T_squared_for_naive():
+    curve = memory_curve([256, 1024], methods=("fused", "naive"), H=4, d=64)
+    naive, fused = curve["naive"], curve["fused"]
+    assert naive[1] > 10 * naive[0] and naive[1] > 4 * 1024**2 * 4     # 16x the scores: 4 heads of 1024^2 floats
+    assert fused[1] < 4 * 1024 * 64 * 4 * 4                              # a few outputs' worth, O(T d)
