@@ -47,9 +47,14 @@ def source_of(obj):
 
 
 def names_used(source):
-    """Every name the source reads, decorators and default values included."""
+    """Every name the source reads from outside (decorators and default values included), not its
+    own arguments and local variables: a notebook global that shares a local's name is not needed."""
     tree = ast.parse(source)
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    nodes = list(ast.walk(tree))
+    local = {n.arg for n in nodes if isinstance(n, ast.arg)}
+    local |= {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+    read = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return read - local
 
 
 def _import_line(name, value):

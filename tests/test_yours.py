@@ -85,3 +85,10 @@ def test_lessons_and_solutions_save_nothing(workspace):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in (SETUP, GOOD, CHECK)])
     assert not errors(nbtools.execute(nb, cwd=workspace / "notebooks", allow_errors=True))
     assert not (workspace / "yours").exists()
+
+
+def test_capture_takes_what_a_function_reads_from_outside_not_its_locals():
+    from course_lib.capture import names_used
+
+    source = "def f(a, b=K):\n    s = a + TWO\n    for i in range(3):\n        s += i\n    return s, np.sum(a)"
+    assert names_used(source) == {"K", "TWO", "range", "np"}
