@@ -20,6 +20,8 @@ PLAIN = (int, float, complex, str, bytes, bool, type(None))
 def defined_here(obj, module="__main__"):
     """The Python function or class behind obj (a numba dispatcher has one) if `module` defined it."""
     obj = getattr(obj, "py_func", None) or getattr(obj, "fn", None) or obj
+    if inspect.isfunction(obj):
+        obj = inspect.unwrap(obj)  # under a decorator such as @torch.no_grad(): the notebook's function
     if (inspect.isfunction(obj) or inspect.isclass(obj)) and getattr(obj, "__module__", None) == module:
         return obj
     return None

@@ -1,6 +1,8 @@
 """Your code, carried forward: a passing check saves the learner's code in work/yours/, a failing
 one never replaces it, and a later chapter gets the learner's pieces or, visibly, the course's."""
 
+import functools
+
 import nbformat
 import pytest
 
@@ -92,3 +94,27 @@ def test_capture_takes_what_a_function_reads_from_outside_not_its_locals():
 
     source = "def f(a, b=K):\n    s = a + TWO\n    for i in range(3):\n        s += i\n    return s, np.sum(a)"
     assert names_used(source) == {"K", "TWO", "range", "np"}
+
+
+def _decorate(f):
+    @functools.wraps(f)
+    def wrapper(*args):
+        return f(*args)
+    return wrapper
+
+
+@_decorate
+def _decorated(x):
+    return TWO_HERE * x
+
+
+TWO_HERE = 2
+
+
+def test_capture_sees_through_a_decorator():
+    """A notebook function under a decorator (@torch.no_grad(), say) is captured with the notebook's
+    globals, not with those of the decorator's module."""
+    from course_lib.capture import defined_here
+
+    inner = defined_here(_decorated, module=__name__)
+    assert inner is _decorated.__wrapped__ and inner.__globals__["TWO_HERE"] == 2

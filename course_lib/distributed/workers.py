@@ -110,7 +110,11 @@ def _toy_optimizer(params, kind):
     return torch.optim.AdamW(params, lr=0.05, weight_decay=0.1)
 
 
-def _train_toy_parallel(model, wrapped, opt, steps, rows, seed, finish=lambda: None):
+def train_toy_parallel(model, wrapped, opt, steps, rows, seed, finish=lambda: None):
+    """`steps` steps of the toy regression on this rank's share of each global batch; returns the parameters.
+
+    wrapped: what runs the forward (the model itself, or a DDP wrapper); finish: called after each backward
+    (a from-scratch DDP waits for its last buckets there)."""
     for step in range(steps):
         x, y = (t.to(device()) for t in toy_batch(step, rows, seed))
         opt.zero_grad()
@@ -142,13 +146,13 @@ def ddp_matches(steps, rows=6, seed=0, bucket_sizes=(0, 200, 2**20), ddp_class=N
             ddp.finish()
 
         opt = _toy_optimizer(model.parameters(), "sgd")
-        out["params"][bucket_bytes] = _train_toy_parallel(model, ddp, opt, steps, rows, seed, finish)
+        out["params"][bucket_bytes] = train_toy_parallel(model, ddp, opt, steps, rows, seed, finish)
         out["in flight"][bucket_bytes] = (seen[0], seen[1], len(ddp.buckets))
     if with_torch:
         model = toy_model(seed + dist.get_rank()).to(device())
         theirs = DistributedDataParallel(model)   # it broadcasts from rank 0 too
         opt = _toy_optimizer(model.parameters(), "sgd")
-        out["params"]["torch"] = _train_toy_parallel(model, theirs, opt, steps, rows, seed)
+        out["params"]["torch"] = train_toy_parallel(model, theirs, opt, steps, rows, seed)
     return out
 
 
@@ -157,7 +161,7 @@ def zero_matches(steps, rows=6, seed=0, zero_class=None):
     model = toy_model(seed).to(device())
     ddp = DDP(model)
     opt = (resolve(zero_class) or ZeroAdamW)(model.parameters(), lr=0.05, weight_decay=0.1)
-    return _train_toy_parallel(model, ddp, opt, steps, rows, seed, ddp.finish), opt.state_bytes()
+    return train_toy_parallel(model, ddp, opt, steps, rows, seed, ddp.finish), opt.state_bytes()
 
 
 # ---- tensor parallelism --------------------------------------------------------------------------
