@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from course_lib.tensor import functions as F
 from course_lib.tensor.tensor import Tensor, generator, one_hot
 from course_lib.tensor.tensor_data import ShapeError
 
@@ -38,12 +39,21 @@ class Module:
                     if isinstance(item, Module):
                         yield f"{name}.{i}", item
 
-    def named_parameters(self, prefix: str = ""):
+    def named_parameters(self, prefix: str = "", remove_duplicate: bool = True):
+        """(name, parameter) pairs, this module's own first. A parameter shared by two modules (tied
+        weights) comes once, under its first name, unless remove_duplicate is False (as in torch)."""
+        seen = set()
+        for name, p in self._named_parameters(prefix):
+            if not remove_duplicate or id(p) not in seen:
+                seen.add(id(p))
+                yield name, p
+
+    def _named_parameters(self, prefix):
         for name, value in vars(self).items():
             if isinstance(value, Parameter):
                 yield prefix + name, value
         for name, child in self.named_children():
-            yield from child.named_parameters(f"{prefix}{name}.")
+            yield from child._named_parameters(f"{prefix}{name}.")
 
     def parameters(self) -> list:
         return [p for _, p in self.named_parameters()]
@@ -66,11 +76,12 @@ class Module:
             p.grad = None
 
     def state_dict(self) -> dict:
-        """name -> numpy copy of each parameter."""
-        return {name: p.numpy() for name, p in self.named_parameters()}
+        """name -> numpy copy of each parameter (a tied one under each of its names, as in torch)."""
+        return {name: p.numpy() for name, p in self.named_parameters(remove_duplicate=False)}
 
     def load_state_dict(self, state: dict) -> None:
-        own = dict(self.named_parameters())
+        """Copy values in by name; values may be numpy arrays or CPU torch tensors."""
+        own = dict(self.named_parameters(remove_duplicate=False))
         missing, unexpected = set(own) - set(state), set(state) - set(own)
         if missing or unexpected:
             raise KeyError(f"load_state_dict: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
@@ -103,8 +114,11 @@ class Linear(Module):
         if x.shape[-1] != self.in_features:
             raise ShapeError(f"Linear({self.in_features}, {self.out_features}): input has shape {x.shape}, "
                              f"its last dim must be {self.in_features}")
-        y = x @ self.weight.T
-        return y + self.bias if self.bias is not None else y
+        # (..., in) as one (rows, in) matrix: the weight's gradient is then one matmul, not one per
+        # batch entry summed afterwards
+        y = x.reshape(-1, self.in_features) @ self.weight.T
+        y = y + self.bias if self.bias is not None else y
+        return y.reshape(x.shape[:-1] + (self.out_features,))
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"
@@ -116,8 +130,14 @@ class ReLU(Module):
 
 
 class GELU(Module):
+    """The exact GELU, or GPT-2's tanh form with approximate="tanh" (as torch.nn.GELU)."""
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        self.approximate = approximate
+
     def forward(self, x):
-        return x.gelu()
+        return x.gelu(self.approximate)
 
 
 class Tanh(Module):
@@ -144,6 +164,15 @@ class Sequential(Module):
         return len(self.layers)
 
 
+class ModuleDict(Module):
+    """Named sub-modules, reachable as attributes (`transformer.wte`): a namespace for parameter names."""
+
+    def __init__(self, modules: dict):
+        super().__init__()
+        for name, module in modules.items():
+            setattr(self, name, module)
+
+
 class Embedding(Module):
     """Row lookup: index i -> weight[i]. Done as one_hot(i) @ weight, so the gradient is the
     matmul's (rows that were looked up several times add up)."""
@@ -157,14 +186,16 @@ class Embedding(Module):
         idx = np.asarray(idx.numpy() if isinstance(idx, Tensor) else idx)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_embeddings):
             raise IndexError(f"Embedding({self.num_embeddings}): index out of range [{idx.min()}, {idx.max()}]")
-        return one_hot(idx, self.num_embeddings, self.weight.dtype) @ self.weight
+        rows = one_hot(idx.reshape(-1), self.num_embeddings, self.weight.dtype) @ self.weight
+        return rows.reshape(idx.shape + (self.dim,))
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.dim}"
 
 
 class LayerNorm(Module):
-    """Normalise the last dim to mean 0, variance 1, then scale and shift (learned)."""
+    """Normalise the last dim to mean 0, variance 1, then scale and shift (learned). One fused op
+    (functions.LayerNorm), whose backward is written out, instead of a dozen recorded ones."""
 
     def __init__(self, dim: int, eps: float = 1e-5, dtype=np.float32):
         super().__init__()
@@ -173,26 +204,28 @@ class LayerNorm(Module):
         self.bias = Parameter(np.zeros(dim), dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        mu = x.mean(-1, keepdim=True)
-        centered = x - mu
-        var = (centered * centered).mean(-1, keepdim=True)
-        return centered / (var + self.eps).sqrt() * self.weight + self.bias
+        if x.shape[-1] != self.dim:
+            raise ShapeError(f"LayerNorm({self.dim}): input has shape {x.shape}, its last dim must be {self.dim}")
+        return F.LayerNorm.apply(x, self.weight, self.bias, eps=self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"
 
 
 class Dropout(Module):
-    """In training, zero each element with probability p and scale the rest by 1/(1-p)."""
+    """In training, zero each element with probability p and scale the rest by 1/(1-p).
 
-    def __init__(self, p: float = 0.5):
+    The masks come from `generator` (a numpy Generator) if given, else from the library's
+    generator (`manual_seed`): either way, a seeded run draws the same masks again."""
+
+    def __init__(self, p: float = 0.5, generator: np.random.Generator | None = None):
         super().__init__()
-        self.p = p
+        self.p, self.generator = p, generator
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        keep = generator().random(x.shape) >= self.p
+        keep = (self.generator or generator()).random(x.shape) >= self.p
         return x * Tensor(keep / (1.0 - self.p), dtype=x.dtype)
 
     def extra_repr(self) -> str:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from course_lib.tensor.autodiff import no_grad
-from course_lib.tensor.tensor import cat, zeros
+from course_lib.tensor.tensor import Tensor, cat, zeros
 from course_lib.tensor.tensor_data import TensorData
 
 
@@ -11,12 +15,31 @@ class Optimizer:
     """Updates all parameters as ONE flat vector ("multi-tensor apply", like torch's foreach):
     each formula in `update` then runs once per step instead of once per parameter, which
     matters because each op costs Python overhead. A parameter with no gradient this step
-    gets a zero gradient in the flat vector and keeps its value."""
+    gets a zero gradient in the flat vector and keeps its value.
+
+    `params` is a list of parameters, or of groups as in torch, each a dict with "params" and
+    options of its own: [{"params": matrices, "weight_decay": 0.1}, {"params": biases, "weight_decay": 0.0}]."""
 
     def __init__(self, params, lr: float):
-        self.params = [p for p in params]
+        params = list(params)
+        groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+        self.param_groups = [dict(group, params=list(group["params"])) for group in groups]
+        self.params = [p for group in self.param_groups for p in group["params"]]
         self.lr = lr
         self.state: dict = {}
+        self._per_element: dict = {}
+
+    def per_element(self, option: str, default: float, like):
+        """The value of a group option for each entry of the flat vector `like`: None if it is 0 for
+        every group, one number if all groups agree, else a flat tensor (built once, then reused)."""
+        values = [float(group.get(option, default)) for group in self.param_groups]
+        if len(set(values)) == 1:
+            return values[0] if values[0] != 0 else None
+        if option not in self._per_element:
+            sizes = [[p.numel() for p in group["params"]] for group in self.param_groups]
+            flat = np.concatenate([np.full(sum(n), v) for n, v in zip(sizes, values)])
+            self._per_element[option] = Tensor(flat, dtype=like.dtype)
+        return self._per_element[option]
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -69,15 +92,16 @@ class Adam(Optimizer):
 
     def update(self, p, g, state):
         b1, b2 = self.betas
-        if self.weight_decay and not self.decoupled:
-            g = g + self.weight_decay * p  # L2 penalty, folded into the gradient
+        decay = self.per_element("weight_decay", self.weight_decay, p)
+        if decay is not None and not self.decoupled:
+            g = g + decay * p  # L2 penalty, folded into the gradient
         t = state["t"] = state.get("t", 0) + 1
         m = state["m"] = (1 - b1) * g if t == 1 else b1 * state["m"] + (1 - b1) * g
         v = state["v"] = (1 - b2) * g * g if t == 1 else b2 * state["v"] + (1 - b2) * (g * g)
         m_hat = m / (1 - b1 ** t)
         v_hat = v / (1 - b2 ** t)
-        if self.weight_decay and self.decoupled:
-            p = p * (1 - self.lr * self.weight_decay)  # AdamW: shrink the weights directly
+        if decay is not None and self.decoupled:
+            p = p * (1 - self.lr * decay)  # AdamW: shrink the weights directly
         return p - self.lr * m_hat / (v_hat.sqrt() + self.eps)
 
 
@@ -89,3 +113,20 @@ class AdamW(Adam):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01):
         super().__init__(params, lr, betas, eps, weight_decay)
+
+
+def clip_grad_norm_(params, max_norm: float) -> float:
+    """Scale every gradient by one factor so that their global L2 norm is at most max_norm, as
+    torch.nn.utils.clip_grad_norm_ (factor max_norm / (norm + 1e-6)). Returns the norm before clipping.
+
+    One factor for all keeps the direction of the whole gradient; clipping each alone would bend it."""
+    grads = [p.grad for p in params if p.grad is not None]
+    with no_grad():
+        flat = [g.reshape(-1) for g in grads]
+        norm = math.sqrt(sum((f * f).sum().item() for f in flat))
+        scale = max_norm / (norm + 1e-6)
+        if scale < 1.0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad = p.grad * scale
+    return norm

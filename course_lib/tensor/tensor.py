@@ -217,9 +217,21 @@ class Tensor:
     def relu(self): return F.ReLU.apply(self)
     def sigmoid(self): return F.Sigmoid.apply(self)
     def tanh(self): return F.Tanh.apply(self)
-    def gelu(self): return F.GELU.apply(self)
+    def gelu(self, approximate: str = "none"):
+        """The exact GELU a * Phi(a), or with approximate="tanh" GPT-2's tanh form (as torch's F.gelu)."""
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        return F.GELUTanh.apply(self) if approximate == "tanh" else F.GELU.apply(self)
+
     def maximum(self, other): return F.Maximum.apply(self, self._lift(other))
     def where(self, cond, other): return where(cond, self, other)
+
+    def masked_fill(self, mask, value: float):
+        """A copy with `value` wherever `mask` (bool array or 1.0/0.0 tensor, broadcast to self) is true."""
+        if not isinstance(mask, Tensor):
+            mask = Tensor(np.asarray(mask, dtype=self.dtype), dtype=self.dtype)
+        return F.MaskedFill.apply(self, mask, value=value)
+
     def abs(self): return where(self >= 0, self, -self)
 
     # comparisons: float 1.0/0.0 tensors with no gradient
@@ -336,6 +348,12 @@ class Tensor:
     def squeeze(self, dim: int):
         dim = _dim(dim, self.ndim, "squeeze", self.shape)
         return self.reshape(self.shape[:dim] + self.shape[dim + 1:]) if self.shape[dim] == 1 else self
+
+    def split(self, size: int, dim: int = -1) -> tuple:
+        """Views of `size` consecutive entries along `dim` (the last may be shorter), as torch.split."""
+        dim = _dim(dim, self.ndim, "split", self.shape)
+        lead = (slice(None),) * dim
+        return tuple(self[lead + (slice(i, i + size),)] for i in range(0, self.shape[dim], size))
 
     def __getitem__(self, key):
         if isinstance(key, Tensor) or isinstance(key, (list, np.ndarray)):

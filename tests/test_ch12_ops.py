@@ -1,0 +1,215 @@
+"""The ops chapter 12's GPT needs, against PyTorch in float64, forward and backward, on the numpy and
+the Numba backends: embedding (repeated indices), layer norm, both GELUs, masked_fill and where,
+4-D softmax, broadcast batched matmul, seeded dropout, AdamW with groups and gradient clipping.
+
+Shapes are drawn at random (odd sizes included); the upstream gradient is random, never ones.
+"""
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import course_lib.tensor as ct
+from course_lib.tensor import nn, optim, use_backend
+
+TOL = dict(rtol=1e-10, atol=1e-12)
+
+
+@pytest.fixture(params=["numpy", "numba"])
+def backend(request):
+    with use_backend(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))  # a fixed seed per test
+
+
+def pair(array):
+    """The same float64 values as a course tensor and a torch tensor, both requiring grad."""
+    return ct.Tensor(array, requires_grad=True, dtype=np.float64), torch.tensor(array, requires_grad=True)
+
+
+def close(ours, theirs):
+    np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), **TOL)
+
+
+def backward_both(out, ref, rng):
+    """Backpropagate the same random upstream gradient through both graphs."""
+    g = rng.standard_normal(ref.shape)
+    out.backward(ct.Tensor(g, dtype=np.float64))
+    ref.backward(torch.tensor(g))
+
+
+def shape(rng, n):
+    return tuple(int(d) for d in rng.integers(1, 8, n))
+
+
+def test_embedding_scatter_adds_repeated_indices(backend, rng):
+    for _ in range(3):
+        vocab, dim = int(rng.integers(3, 12)), int(rng.integers(1, 9))
+        idx = rng.integers(0, vocab, shape(rng, 2) + (5,))     # 5+ lookups from a small vocab: repeats
+        emb = nn.Embedding(vocab, dim, dtype=np.float64)
+        ref = torch.nn.Embedding(vocab, dim).double()
+        emb.load_state_dict(ref.state_dict())
+        out, want = emb(idx), ref(torch.tensor(idx))
+        close(out, want)
+        backward_both(out, want, rng)
+        close(emb.weight.grad, ref.weight.grad)
+    assert len(np.unique(idx)) < idx.size
+
+
+def test_layer_norm(backend, rng):
+    for _ in range(3):
+        s = shape(rng, 2) + (int(rng.integers(2, 20)),)
+        ln = nn.LayerNorm(s[-1], dtype=np.float64)
+        ref = torch.nn.LayerNorm(s[-1]).double()
+        with torch.no_grad():
+            ref.weight.copy_(torch.tensor(rng.uniform(0.5, 2, s[-1])))
+            ref.bias.copy_(torch.tensor(rng.standard_normal(s[-1])))
+        ln.load_state_dict(ref.state_dict())
+        x, xt = pair(rng.standard_normal(s) * 3 + 1)
+        out, want = ln(x), ref(xt)
+        close(out, want)
+        backward_both(out, want, rng)
+        close(x.grad, xt.grad)
+        close(ln.weight.grad, ref.weight.grad)
+        close(ln.bias.grad, ref.bias.grad)
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu(backend, rng, approximate):
+    x, xt = pair(rng.uniform(-6, 6, shape(rng, 3)))
+    out, want = x.gelu(approximate), F.gelu(xt, approximate=approximate)
+    close(out, want)
+    backward_both(out, want, rng)
+    close(x.grad, xt.grad)
+    close(nn.GELU(approximate)(x), want)
+
+
+def test_gelu_rejects_unknown_form():
+    with pytest.raises(ValueError, match="approximate"):
+        ct.randn(3).gelu("erf")
+
+
+@pytest.mark.parametrize("value", [float("-inf"), -2.5])
+def test_masked_fill_with_a_broadcast_mask(backend, rng, value):
+    B, H, T = shape(rng, 3)
+    x, xt = pair(rng.standard_normal((B, H, T, T + 1)))
+    mask = rng.random((T, T + 1)) < 0.4
+    out, want = x.masked_fill(mask, value), xt.masked_fill(torch.tensor(mask), value)
+    close(out, want)
+    if value == -2.5:
+        backward_both(out, want, rng)
+        close(x.grad, xt.grad)
+
+
+def test_masked_fill_checks_the_mask_shape():
+    with pytest.raises(ct.ShapeError, match="masked_fill"):
+        ct.randn(2, 3).masked_fill(np.zeros((4, 3), bool), 0.0)
+
+
+def test_where(backend, rng):
+    s = shape(rng, 3)
+    a, at = pair(rng.standard_normal(s))
+    b, bt = pair(rng.standard_normal(s[1:]))
+    cond = rng.random(s) < 0.5
+    out = ct.where(ct.Tensor(cond.astype(np.float64), dtype=np.float64), a, b)
+    want = torch.where(torch.tensor(cond), at, bt)
+    close(out, want)
+    backward_both(out, want, rng)
+    close(a.grad, at.grad)
+    close(b.grad, bt.grad)
+
+
+def test_causal_softmax_over_the_last_dim_of_4d(backend, rng):
+    B, H, T = shape(rng, 3)
+    x, xt = pair(rng.standard_normal((B, H, T, T)) * 4)
+    future = np.triu(np.ones((T, T), bool), k=1)
+    out = x.masked_fill(future, float("-inf")).softmax(-1)
+    want = xt.masked_fill(torch.tensor(future), float("-inf")).softmax(-1)
+    close(out, want)
+    backward_both(out, want, rng)
+    close(x.grad, xt.grad)
+
+
+@pytest.mark.parametrize("shapes", [((2, 3, 5, 4), (2, 3, 4, 7)), ((2, 1, 5, 4), (3, 4, 6)),
+                                    ((5, 4), (2, 3, 4, 1)), ((3, 1, 2, 9, 4), (2, 4, 3))])
+def test_batched_matmul_broadcasts(backend, rng, shapes):
+    a, at = pair(rng.standard_normal(shapes[0]))
+    b, bt = pair(rng.standard_normal(shapes[1]))
+    out, want = a @ b, at @ bt
+    close(out, want)
+    backward_both(out, want, rng)
+    close(a.grad, at.grad)
+    close(b.grad, bt.grad)
+
+
+def test_dropout_is_seeded_and_scales_what_it_keeps(backend, rng):
+    p, s = 0.3, shape(rng, 2) + (257,)
+    x, xt = pair(rng.standard_normal(s))
+    layer = nn.Dropout(p, generator=np.random.default_rng(5))
+    out = layer(x)
+    again = nn.Dropout(p, generator=np.random.default_rng(5))(x)
+    np.testing.assert_array_equal(out.numpy(), again.numpy())          # same seed, same mask
+    keep = out.numpy() != 0
+    assert abs(keep.mean() - (1 - p)) < 0.1
+    want = xt * torch.tensor(keep) / (1 - p)                            # torch's dropout, given that mask
+    close(out, want)
+    backward_both(out, want, rng)
+    close(x.grad, xt.grad)
+    assert nn.Dropout(p).eval()(x) is x
+
+
+def test_split(backend, rng):
+    x, xt = pair(rng.standard_normal((3, 4, 11)))
+    for ours, theirs in zip(x.split(4, dim=2), xt.split(4, dim=2)):
+        close(ours, theirs)
+    (x.split(4, dim=2)[1] * 2.0).sum().backward()
+    (xt.split(4, dim=2)[1] * 2.0).sum().backward()
+    close(x.grad, xt.grad)
+
+
+def test_tied_parameters_are_listed_once_and_saved_under_both_names():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(3, 4)
+            self.b = nn.Linear(3, 4)
+            self.b.weight = self.a.weight
+
+    m = Tied()
+    assert [n for n, _ in m.named_parameters()] == ["a.weight", "a.bias", "b.bias"]
+    assert set(m.state_dict()) == {"a.weight", "a.bias", "b.weight", "b.bias"}
+
+
+def test_adamw_with_groups_and_clipping_matches_torch(backend, rng):
+    shapes = [shape(rng, 2), (int(rng.integers(1, 9)),), shape(rng, 2)]
+    values = [rng.standard_normal(s) for s in shapes]
+    ours = [nn.Parameter(v, dtype=np.float64) for v in values]
+    theirs = [torch.tensor(v, requires_grad=True) for v in values]
+
+    def groups(ps):
+        return [{"params": [ps[0], ps[2]], "weight_decay": 0.1}, {"params": [ps[1]], "weight_decay": 0.0}]
+
+    opt = optim.AdamW(groups(ours), lr=1e-2, betas=(0.9, 0.99))
+    ref = torch.optim.AdamW(groups(theirs), lr=1e-2, betas=(0.9, 0.99))
+    for step in range(6):
+        scale = 10.0 if step % 2 else 0.1          # big gradients get clipped, small ones do not
+        for p, q in zip(ours, theirs):
+            g = rng.standard_normal(p.shape) * scale
+            p.grad, q.grad = ct.Tensor(g, dtype=np.float64), torch.tensor(g)
+        norm = optim.clip_grad_norm_(ours, 1.0)
+        want = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        assert abs(norm - want.item()) < 1e-9 * want.item()
+        opt.lr = 1e-2 * (step + 1) / 6
+        for group in ref.param_groups:
+            group["lr"] = opt.lr
+        opt.step()
+        ref.step()
+        for p, q in zip(ours, theirs):
+            close(p, q)
