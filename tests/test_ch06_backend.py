@@ -86,6 +86,44 @@ def test_where_keeps_inf_out_of_the_branch_not_taken():
     close(nb.where(cond, a, b), npb.where(cond, a, b))
 
 
+def operands(rows, cols, dtype):
+    """A full (rows, cols) operand, and the others flat.py reads by kind: row, column, one number."""
+    def td(shape):
+        return TensorData.from_numpy(RNG.uniform(0.5, 2, shape), dtype)
+    return td((rows, cols)), [td((rows, cols)), td((cols,)), td((1, cols)), td((rows, 1)), td(()), td((1, 1))]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_flat_kernels_every_kind(dtype):
+    full, others = operands(9, 37, dtype)
+    for op in ZIP_OPS:
+        for other in others:
+            close(nb.zip(op, full, other), npb.zip(op, full, other), dtype)
+            close(nb.zip(op, other, full), npb.zip(op, other, full), dtype)
+    close(nb.zip("sub", others[3], others[1]), npb.zip("sub", others[3], others[1]), dtype)  # column - row
+    batch = TensorData.from_numpy(RNG.uniform(-2, 2, (2, 1, 9, 37)), dtype).expand((2, 3, 9, 37))
+    stacked = nb.map("id", batch)  # contiguous (2, 3, 9, 37): full reads it as a row of 9 x 37
+    close(nb.zip("add", stacked, full), npb.zip("add", stacked, full), dtype)
+    cond = TensorData.from_numpy(RNG.uniform(-1, 1, (9, 37)) > 0, dtype)
+    for a, b in [(full, others[4]), (others[1], full), (others[3], others[2]), (stacked, others[5])]:
+        close(nb.where(cond, a, b), npb.where(cond, a, b), dtype)
+    for op in REDUCE_OPS:
+        close(nb.reduce(op, full, 1), npb.reduce(op, full, 1), dtype)
+
+
+def test_flat_kernels_on_every_thread():
+    """Above PARALLEL_MIN elements map, zip and reduce run the parallel flavour of flat.py's kernels."""
+    from course_lib.fast.backend import PARALLEL_MIN
+    full, others = operands(PARALLEL_MIN // 301 + 3, 301, np.float32)
+    for other in (others[0], others[1], others[3], others[4]):
+        close(nb.zip("div", full, other), npb.zip("div", full, other), np.float32)
+    close(nb.map("exp", full), npb.map("exp", full), np.float32)
+    for op in REDUCE_OPS:
+        close(nb.reduce(op, full, 1), npb.reduce(op, full, 1), np.float32)
+    cond = TensorData.from_numpy(RNG.uniform(-1, 1, (1, 301)) > 0, np.float32)
+    close(nb.where(cond, full, others[4]), npb.where(cond, full, others[4]), np.float32)
+
+
 @pytest.mark.parametrize("shape_a, shape_b", [((37, 70), (70, 19)), ((3, 5, 6), (6, 4)), ((2, 1, 5, 3), (4, 3, 2)),
                                               ((1, 9), (9, 1)), ((0, 3), (3, 2))])
 def test_matmul_matches_torch(shape_a, shape_b):
@@ -104,6 +142,22 @@ def test_matmul_on_transposed_views():
     expected = torch.tensor(a.to_numpy(), dtype=torch.float64) @ torch.tensor(b.to_numpy(), dtype=torch.float64)
     assert yours.dtype == np.float32
     np.testing.assert_allclose(yours.to_numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("a_t, b_t", [(False, True), (True, False), (True, True)])
+def test_batched_matmul_on_transposes_and_copies(a_t, b_t):
+    """gemm reads a transposed operand in place; a sliced one is copied; batch dims broadcast."""
+    a = RNG.uniform(-1, 1, (2, 1, 6, 5) if a_t else (2, 1, 5, 6))
+    b = RNG.uniform(-1, 1, (3, 7, 6) if b_t else (3, 6, 7))
+    ta, tb = TensorData.from_numpy(a, np.float64), TensorData.from_numpy(b, np.float64)
+    ta = ta.permute(0, 1, 3, 2) if a_t else ta
+    tb = tb.permute(0, 2, 1) if b_t else tb
+    expected = (torch.tensor(ta.to_numpy()) @ torch.tensor(tb.to_numpy())).numpy()
+    np.testing.assert_allclose(nb.matmul(ta, tb).to_numpy(), expected, rtol=1e-12, atol=1e-12)
+    sliced = slice_view(TensorData.from_numpy(RNG.uniform(-1, 1, (7, 9)), np.float32), (slice(0, 7), slice(1, 9, 2)))
+    expected = torch.tensor(sliced.to_numpy(), dtype=torch.float64) @ torch.tensor(tb.to_numpy()[0, :4])
+    np.testing.assert_allclose(nb.matmul(sliced, TensorData.from_numpy(tb.to_numpy()[0, :4], np.float64)).to_numpy(),
+                               expected.numpy(), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(70, 45), (3, 33, 65), (1, 1), (2, 4, 1, 97)])

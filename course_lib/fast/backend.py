@@ -1,13 +1,15 @@
 """The Numba backend for chapter 02's tensor engine: `set_backend("numba")`.
 
 Each method turns TensorData views (storage, shape, strides, offset) into the int64 arrays
-the kernels of ops.py and matmul.py take, and an op's name into its code (tensor/scalar_ops.py),
-and calls them. Nothing is copied except by matmul, which makes its operands contiguous so its
-inner loop can run at stride 1. A 0-d tensor is run as shape (1,) with stride 0.
+the kernels of flat.py, ops.py and blas.py take, and an op's name into its code
+(tensor/scalar_ops.py), and calls them. Nothing is copied except by matmul, which copies an
+operand that is neither contiguous nor a transpose of a contiguous array (gemm reads both).
+A 0-d tensor is run as shape (1,) with stride 0.
 
-Most calls in a training loop are small, with contiguous operands (or a single number, like
-Adam's learning rate). map and zip send those to the flat, vectorized one-thread kernels of
-ops.py, and everything else (big, permuted, sliced or broadcast) to the parallel strided kernels.
+When every operand is contiguous (or a row, a column or a single number repeated over a
+contiguous output), map, zip, where and a reduction over the last dim run the flat, vectorized
+kernels of flat.py; everything else (permuted, sliced or expanded views) runs the strided
+kernels of ops.py.
 
 Starting a parallel loop wakes the thread pool, which costs microseconds on an idle machine
 and milliseconds on a busy one. For small work one thread is faster, so `_threads` picks the
@@ -20,20 +22,30 @@ import math
 import numba
 import numpy as np
 
+from course_lib.fast.blas import blas_matmul, stack
+from course_lib.fast.flat import BLOCK, flat_map, flat_reduce_last, flat_where, flat_zip, plan
 from course_lib.fast.indexing import as_int_array, broadcast_strides, contiguous_strides
-from course_lib.fast.matmul import matmul_kernel, pack_transposed, row_block
-from course_lib.fast.ops import flat_map, flat_zip, map_kernel, reduce_kernel, where_kernel, zip_kernel
+from course_lib.fast.ops import map_kernel, reduce_kernel, where_kernel, zip_kernel
 from course_lib.tensor.backend import Backend
 from course_lib.tensor.scalar_ops import MAP_CODE, REDUCE_CODE, ZIP_CODE
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
 
-PARALLEL_MIN = 1 << 17  # elements (or multiply-adds / 16 in matmul) below which one thread is faster
+PARALLEL_MIN = 1 << 17  # elements below which one thread is faster
 
 
 def _threads(work):
     count = 1 if work < PARALLEL_MIN else numba.config.NUMBA_NUM_THREADS
     if count != numba.get_num_threads():
         numba.set_num_threads(count)
+
+
+def _parallel(work):
+    """Whether a flat kernel should run its parallel flavour (setting the threads); the one-thread
+    flavour never wakes the pool, so small calls skip `_threads` and its cost."""
+    if work < PARALLEL_MIN or numba.config.NUMBA_NUM_THREADS == 1:
+        return False
+    _threads(work)
+    return True
 
 
 def _fresh(shape, dtype):
@@ -70,8 +82,8 @@ class NumbaBackend(Backend):
         size = out.size
         if not size:
             return out
-        if size < PARALLEL_MIN and a.size == size and a.is_contiguous() and out.is_contiguous():
-            flat_map(MAP_CODE[op])(_flat(out), _flat(a))
+        if a.size == size and a.is_contiguous() and out.is_contiguous():
+            flat_map(MAP_CODE[op], _parallel(size))(_flat(out), _flat(a), BLOCK)
         else:
             _threads(size)
             map_kernel(MAP_CODE[op], out.storage, out.offset, _run_shape(out.shape), _layout(out, out.shape)[2],
@@ -84,9 +96,10 @@ class NumbaBackend(Backend):
         size = out.size
         if not size:
             return out
-        if (size < PARALLEL_MIN and a.size in (1, size) and b.size in (1, size) and a.is_contiguous()
-                and b.is_contiguous() and out.is_contiguous()):
-            flat_zip(ZIP_CODE[op], a.size < size, b.size < size)(_flat(out), _flat(a), _flat(b))
+        how = plan(out.shape, a.shape, b.shape) if a.is_contiguous() and b.is_contiguous() else None
+        if how and out.is_contiguous():
+            (ka, kb), cols = how
+            flat_zip(ZIP_CODE[op], ka, kb, _parallel(size))(_flat(out), _flat(a), _flat(b), cols)
         else:
             _threads(size)
             zip_kernel(ZIP_CODE[op], out.storage, out.offset, _run_shape(out.shape), _layout(out, out.shape)[2],
@@ -96,7 +109,9 @@ class NumbaBackend(Backend):
     def reduce(self, op, a, dim):
         shape = a.shape[:dim] + (1,) + a.shape[dim + 1:]
         out = _fresh(shape, a.dtype)
-        if out.size:
+        if out.size and dim == a.dims - 1 and a.is_contiguous():
+            flat_reduce_last(REDUCE_CODE[op], _parallel(a.size))(out.storage, _flat(a), a.shape[dim])
+        elif out.size:
             _threads(a.size)
             reduce_kernel(REDUCE_CODE[op], out.storage, _run_shape(shape), a.storage, a.offset,
                           _strides(a.shape, a.strides, a.shape), dim, a.shape[dim])
@@ -105,7 +120,11 @@ class NumbaBackend(Backend):
     def where(self, cond, a, b):
         shape = shape_broadcast(shape_broadcast(cond.shape, a.shape), b.shape)
         out = _fresh(shape, np.result_type(a.dtype, b.dtype))
-        if out.size:
+        how = plan(shape, cond.shape, a.shape, b.shape) if cond.is_contiguous() and a.is_contiguous() \
+            and b.is_contiguous() else None
+        if out.size and how:
+            flat_where(*how[0], _parallel(out.size))(_flat(out), _flat(cond), _flat(a), _flat(b), how[1])
+        elif out.size:
             _threads(out.size)
             where_kernel(out.storage, _run_shape(shape), *_layout(cond, shape), *_layout(a, shape), *_layout(b, shape))
         return out
@@ -114,16 +133,15 @@ class NumbaBackend(Backend):
         (n, k), m = a.shape[-2:], b.shape[-1]
         batch = shape_broadcast(a.shape[:-2], b.shape[:-2])
         dtype = np.result_type(a.dtype, b.dtype)
-        out = (np.empty if k else np.zeros)((int(np.prod(batch, dtype=np.int64)), n, m), dtype=dtype)  # k = 0: 0s
+        out = (np.empty if k else np.zeros)((math.prod(batch), n, m), dtype=dtype)  # k = 0: 0s
         if out.size and k:
-            a3 = np.ascontiguousarray(a.to_numpy(), dtype=dtype).reshape(-1, n, k)
-            _threads(out.size * k // 16)
-            bt3 = pack_transposed(b.to_numpy(), dtype)
-            matmul_kernel(out, a3, bt3, _run_shape(batch), _batch_strides(a.shape[:-2], batch),
-                          _batch_strides(b.shape[:-2], batch), row_block(n, out.shape[0], numba.get_num_threads()))
-        return TensorData(out.reshape(-1), batch + (n, m))
+            (a3, a_t), (b3, b_t) = stack(a.to_numpy(), dtype), stack(b.to_numpy(), dtype)
+            blas_matmul(a_t, b_t)(out, a3, b3, _run_shape(batch), _batch_strides(a.shape[:-2], batch),
+                                  _batch_strides(b.shape[:-2], batch))
+        return TensorData.contiguous(out.reshape(-1), batch + (n, m))
 
 
+@functools.lru_cache(maxsize=4096)
 def _batch_strides(shape, batch):
     """Strides, in whole matrices, that read a's (or b's) batch dims as the broadcast `batch`."""
     return as_int_array(broadcast_strides(shape, contiguous_strides(shape), batch) if batch else (0,))

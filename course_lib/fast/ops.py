@@ -1,4 +1,4 @@
-"""Parallel strided map, zip and reduce kernels, and flat kernels for contiguous operands.
+"""Parallel strided map, zip, reduce and where kernels: any view, permuted, sliced or broadcast.
 
 The scalar ops are tensor/scalar_ops.py's plain functions, compiled here for the CPU. One
 compiled kernel serves every op: the op arrives as its code (`scalar_ops.MAP_CODE[name]`) and
@@ -6,19 +6,13 @@ compiled kernel serves every op: the op arrives as its code (`scalar_ops.MAP_COD
 so the CPU predicts it perfectly, and we compile 3 kernels per dtype instead of one per op
 (compiling a parallel kernel costs about 2 s).
 
-For the common small case, where every operand is contiguous (or a single number broadcast
-to all), `flat_map` and `flat_zip` build one small single-threaded kernel per op instead: the
-op is a constant captured by the kernel, so Numba folds the branch away and LLVM vectorizes
-the flat loop (4 to 8 elements per instruction). Each compiles on first use (about 0.2 s, a
-third of a parallel kernel) and is cached on disk.
+Contiguous operands take the faster kernels of flat.py instead.
 
 Each general kernel splits its output into blocks of up to BLOCK elements along the last dim and
 runs the blocks in parallel with `prange`. Within a block, every operand advances by its
 own last-dim stride, so permuted, sliced and broadcast (stride 0) views need no copy.
 `error_model="numpy"` makes 1/0 give inf (as numpy does) instead of raising.
 """
-
-import functools
 
 import numpy as np
 from numba import njit, prange
@@ -98,33 +92,16 @@ def reduce_kernel(op, out, out_shape, a, a_offset, a_strides, dim, n):
 
 @njit(parallel=True, **JIT)
 def where_kernel(out, shape, c, c_offset, c_strides, a, a_offset, a_strides, b, b_offset, b_strides):
-    """out[i] = a[i] if c[i] != 0 else b[i], into the contiguous `out`; inputs broadcast to shape."""
-    for i in prange(out.size):
-        pc = position(i, shape, c_strides, c_offset)
-        if c[pc] != 0:
-            out[i] = a[position(i, shape, a_strides, a_offset)]
-        else:
-            out[i] = b[position(i, shape, b_strides, b_offset)]
+    """out[i] = a[i] if c[i] != 0 else b[i], into the contiguous `out`; inputs broadcast to shape.
 
-
-@functools.cache
-def flat_map(op):
-    """A kernel out[i] = unary(op, a[i]) for contiguous out and a of the same size."""
-    @njit(**JIT)
-    def kernel(out, a):
-        for i in range(out.size):
-            out[i] = unary(op, a[i])
-    return kernel
-
-
-@functools.cache
-def flat_zip(op, a_is_scalar, b_is_scalar):
-    """A kernel out[i] = binary(op, a[i], b[i]) for contiguous operands; an operand flagged
-    as scalar has one element, read at every i. Op and flags are constants of the kernel."""
-    @njit(**JIT)
-    def kernel(out, a, b):
-        for i in range(out.size):
-            x = a[0] if a_is_scalar else a[i]
-            y = b[0] if b_is_scalar else b[i]
-            out[i] = binary(op, x, y)
-    return kernel
+    Blocks along the last dim as in zip_kernel: three positions per block, then steps."""
+    n = shape[-1]
+    per_row = (n + BLOCK - 1) // BLOCK
+    sc, sa, sb = c_strides[-1], a_strides[-1], b_strides[-1]
+    for blk in prange((out.size // n) * per_row):
+        start = (blk // per_row) * n + (blk % per_row) * BLOCK
+        pc = position(start, shape, c_strides, c_offset)
+        pa = position(start, shape, a_strides, a_offset)
+        pb = position(start, shape, b_strides, b_offset)
+        for j in range(min(BLOCK, n - (blk % per_row) * BLOCK)):
+            out[start + j] = a[pa + j * sa] if c[pc + j * sc] != 0 else b[pb + j * sb]
