@@ -145,11 +145,14 @@ def install_kernel():
     from course_lib import device
 
     cmd = [sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3",
-           "--display-name", "Python 3 (course)"]
+           "--display-name", "Python 3 (course)",
+           # PyTorch's idle OpenMP threads otherwise spin and take the cores from the Numba kernels
+           # that run next (20x slower fused kernels in chapter 10 on 2 cores)
+           "--env", "OMP_WAIT_POLICY", "PASSIVE"]
     if not device.gpu_present():
         cmd += ["--env", "NUMBA_ENABLE_CUDASIM", "1"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    print("Jupyter kernel: " + ("GPU found, kernels run on it" if "--env" not in cmd
+    print("Jupyter kernel: " + ("GPU found, kernels run on it" if "NUMBA_ENABLE_CUDASIM" not in cmd
                                 else "no GPU found, CUDA kernels will use Numba's simulator"))
 
 

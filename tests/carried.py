@@ -5,7 +5,11 @@ workspace, on the course kernel), without its closing cells (those tagged "payof
 checks pass and save the reference answers in work/yours/ exactly as a learner's passes would.
 """
 
+import contextlib
+import io
+
 import nbformat
+import pytest
 
 from course_lib import REPO_DIR, nbtools
 from course_lib import keep as store
@@ -41,3 +45,24 @@ def payoff_cells(chapter):
     """The source of the solved notebook's payoff cells, in order."""
     nb = nbformat.read(solution_notebook(chapter), as_version=4)
     return [c.source for c in nb.cells if c.cell_type == "code" and "payoff" in c.metadata.get("tags", [])]
+
+
+def saved_workspace(tmp_path_factory, chapter, save=None):
+    """A workspace, made once per test module, where chapter NN's reference answers were saved as a
+    learner's: by `save_reference`, or by `save(work)` for a chapter that saves only some exercises."""
+    work = tmp_path_factory.mktemp(f"ch{chapter}") / "work"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COURSE_WORKSPACE", str(work))
+        mp.delenv("COURSE_PROGRESS_FILE", raising=False)
+        save(work) if save else save_reference(chapter, work)
+    return work
+
+
+def run_payoff(chapter, namespace=None):
+    """Run the solved notebook's payoff cells in this process; return (namespace, printed text)."""
+    namespace = {} if namespace is None else namespace
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for source in payoff_cells(chapter):
+            exec(compile(source, "<payoff>", "exec"), namespace)
+    return namespace, out.getvalue()

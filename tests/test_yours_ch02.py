@@ -18,11 +18,7 @@ matplotlib.use("Agg")
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A workspace where solutions/02's checks passed, so work/yours/ch02.py holds the reference answers."""
-    work = tmp_path_factory.mktemp("ch02") / "work"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COURSE_WORKSPACE", str(work))
-        carried.save_reference("02", work)
-    return work
+    return carried.saved_workspace(tmp_path_factory, "02")
 
 
 @pytest.fixture

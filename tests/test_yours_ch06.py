@@ -5,8 +5,6 @@ the numpy backend on random strided views, and the payoff trains the digits MLP 
 a wrong kernel saved stops the payoff at once, named; `yours.use("06", False)` runs the course's.
 """
 
-import contextlib
-import io
 import shutil
 
 import numpy as np
@@ -26,29 +24,17 @@ from tests import carried
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A workspace where solutions/06 (minus the payoff) ran as the learner's: every kernel saved."""
-    work = tmp_path_factory.mktemp("ch06") / "work"
+    work = carried.saved_workspace(tmp_path_factory, "06")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COURSE_WORKSPACE", str(work))
-        mp.delenv("COURSE_PROGRESS_FILE", raising=False)
-        carried.save_reference("06", work)
         yield work
-
-
-def run_payoff(namespace=None):
-    """Run the payoff cells of solutions/06 in this process; return (namespace, printed text)."""
-    namespace = {} if namespace is None else namespace
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        for source in carried.payoff_cells("06"):
-            exec(compile(source, "<payoff>", "exec"), namespace)
-    return namespace, out.getvalue()
 
 
 @pytest.fixture(scope="module")
 def payoff(saved):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COURSE_WORKSPACE", str(saved))
-        yield run_payoff()
+        yield carried.run_payoff("06")
 
 
 def test_payoff_trains_on_your_kernels_to_the_numpy_losses(payoff):
@@ -136,7 +122,7 @@ def test_a_wrong_kernel_stops_the_payoff_named(saved, tmp_path, monkeypatch):
     carried.break_piece("06", "strided_zip", "= fn(x, y)", "= fn(y, x)")     # a and b swapped
     namespace = {}
     with pytest.raises(CheckFailed, match="your saved `strided_zip`"):
-        run_payoff(namespace)
+        carried.run_payoff("06", namespace)
     assert "runs" not in namespace                       # stopped in the first cell, before any training
 
 

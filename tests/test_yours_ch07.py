@@ -5,8 +5,6 @@ backend uses are saved: a notebook of the solution's set-up cells and those exer
 from the workspace's exercises/ as the learner's. Tensors stay small (a few hundred threads a launch).
 """
 
-import contextlib
-import io
 import shutil
 
 import nbformat
@@ -43,29 +41,17 @@ def save_exercises(workspace, exercises=EXERCISES):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    work = tmp_path_factory.mktemp("ch07") / "work"
+    work = carried.saved_workspace(tmp_path_factory, "07", save_exercises)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COURSE_WORKSPACE", str(work))
-        mp.delenv("COURSE_PROGRESS_FILE", raising=False)
-        save_exercises(work)
         yield work
-
-
-def run_payoff(namespace=None):
-    """Run the payoff cells of solutions/07 in this process; return (namespace, printed text)."""
-    namespace = {} if namespace is None else namespace
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        for source in carried.payoff_cells("07"):
-            exec(compile(source, "<payoff>", "exec"), namespace)
-    return namespace, out.getvalue()
 
 
 @pytest.fixture(scope="module")
 def payoff(saved):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COURSE_WORKSPACE", str(saved))
-        yield run_payoff()
+        yield carried.run_payoff("07")
 
 
 def test_payoff_runs_the_mlp_on_your_kernels_like_numpy(payoff):
@@ -116,7 +102,7 @@ def test_a_wrong_kernel_stops_the_payoff_named(saved, tmp_path, monkeypatch):
     carried.break_piece("07", "row_sum", "acc += a[row, col]", "acc += a[row, col] * 2")
     namespace = {}
     with pytest.raises(CheckFailed, match="your saved `row_sum`"):
-        run_payoff(namespace)
+        carried.run_payoff("07", namespace)
     assert "yours_run" not in namespace                 # stopped in the first cell, before the model ran
 
 

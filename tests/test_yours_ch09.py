@@ -23,11 +23,7 @@ from tests import carried
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """The reference solutions saved as a learner's, once: work/yours/ to copy into each test's workspace."""
-    work = tmp_path_factory.mktemp("saved") / "work"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COURSE_WORKSPACE", str(work))
-        carried.save_reference("09", work)
-    return work / "yours"
+    return carried.saved_workspace(tmp_path_factory, "09") / "yours"
 
 
 @pytest.fixture

@@ -49,7 +49,8 @@ def discretize_zoh(your_discretize_zoh):
 
 # ---- the selective scan -----------------------------------------------------------------------
 
-def _scan_inputs(b, L, D, N):
+def scan_inputs(b, L, D, N):
+    """Random selective-scan inputs (x, delta, A, B, C, D) in float64, shaped as in course_lib/mamba/scan.py."""
     x = rng().uniform(-2, 2, (b, L, D))
     delta = np.log1p(np.exp(rng().uniform(-3, 1, (b, L, D))))                 # softplus: positive
     A = -rng().uniform(0.3, 4, (D, N))
@@ -75,7 +76,7 @@ def _scan_oracle(x, delta, A, B, C, D, a_of=None, b_of=None, skip=True):
 def selective_scan(your_selective_scan):
     """The sequential selective scan on random shapes (odd channels, lengths 1 and not powers of two)."""
     for b, L, D, N in [(1, 1, 3, 2), (2, 7, 5, 3), (int(rng().integers(1, 4)), int(rng().integers(9, 30)), 6, 4)]:
-        x, delta, A, Bm, Cm, Dk = _scan_inputs(b, L, D, N)
+        x, delta, A, Bm, Cm, Dk = scan_inputs(b, L, D, N)
         yours = _out(your_selective_scan(*map(_t, (x, delta, A, Bm, Cm, Dk))), "selective_scan")
         mistakes = {
             "the D skip is missing: add D * x to C·h": _scan_oracle(x, delta, A, Bm, Cm, Dk, skip=False),

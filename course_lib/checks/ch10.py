@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.checks import assert_close, exercise, fmt, require, rng
+from course_lib.checks.ch05 import scan_inputs  # chapter 05's random scan inputs, the same here
 
 # ---- the online-softmax update ------------------------------------------------------------
 
@@ -76,15 +77,6 @@ def online_softmax_update(your_online_softmax_update):
 
 # ---- the fused scan's inner loop -----------------------------------------------------------
 
-def _scan_inputs(b, L, D, N):
-    x = rng().uniform(-2, 2, (b, L, D))
-    delta = np.log1p(np.exp(rng().uniform(-3, 1, (b, L, D))))                 # softplus: positive
-    A = -rng().uniform(0.3, 4, (D, N))
-    Bm, Cm = rng().uniform(-1.5, 1.5, (b, L, N)), rng().uniform(-1.5, 1.5, (b, L, N))
-    Dk = rng().uniform(-1.5, 1.5, D)
-    return x, delta, A, Bm, Cm, Dk
-
-
 def _channel_mistake(x, delta, A, B, C, D, carry=True, skip=True, exp=True, delta_in_b=True):
     h, y = np.zeros(A.shape[0]), np.zeros(x.shape[0])
     for t in range(x.shape[0]):
@@ -101,7 +93,7 @@ def scan_channel(your_scan_channel):
     from course_lib.mamba.scan import selective_scan_sequential
 
     for b, L, D, N in [(1, 1, 2, 3), (1, 9, 3, 1), (2, int(rng().integers(10, 30)), 3, int(rng().integers(2, 7)))]:
-        x, delta, A, Bm, Cm, Dk = _scan_inputs(b, L, D, N)
+        x, delta, A, Bm, Cm, Dk = scan_inputs(b, L, D, N)
         expected = selective_scan_sequential(*(torch.tensor(a, dtype=torch.float64) for a in (x, delta, A, Bm, Cm, Dk)))
         expected = expected.numpy()
         for i in range(b):

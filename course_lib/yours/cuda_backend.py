@@ -25,6 +25,7 @@ from course_lib import yours
 from course_lib.cuda.launch import blocks_for, launch
 from course_lib.tensor.backend import Backend, get_backend, register_backend
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
+from course_lib.yours import backends
 
 NAME = "yours-cuda"
 #: the exercises used here, with the constant each one's check takes after the kernel
@@ -113,10 +114,8 @@ class YoursCudaBackend(Backend):
         if mine is None:
             return self.course.matmul(a, b)
         name, kernel, block = mine
-        (n, k), m = a.shape[-2:], b.shape[-1]
-        batch = shape_broadcast(a.shape[:-2], b.shape[:-2])
-        A = np.broadcast_to(a.to_numpy(), batch + (n, k)).reshape(-1, n, k)
-        B = np.broadcast_to(b.to_numpy(), batch + (k, m)).reshape(-1, k, m)
+        A, B, batch = backends.matrix_pairs(a, b)
+        n, m = A.shape[1], B.shape[2]
         out = np.zeros((A.shape[0], n, m), dtype)
         if out.size:
             grid = (blocks_for(m, block[0]), blocks_for(n, block[1]))
@@ -136,11 +135,7 @@ class YoursCudaBackend(Backend):
 
 def describe(backend):
     """The one line: which of the backend's ops run on your kernels, and which on the course's."""
-    whose = backend.whose()
-    mine = [f"your {kernel} runs {op}" for op, kernel in whose if kernel]
-    course = [op for op, kernel in whose if not kernel]
-    yours_part = "; ".join(mine) if mine else "none of your kernels (none saved, or yours.use(\"07\", False))"
-    return f"chapter 07 backend {NAME!r}: {yours_part}; the course's kernels run {', '.join(course)}"
+    return backends.describe("07", NAME, backend.whose())
 
 
 def build(verify=True, quiet=False):

@@ -32,6 +32,7 @@ from course_lib import yours
 from course_lib.tensor import scalar_ops
 from course_lib.tensor.backend import Backend, get_backend, register_backend
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
+from course_lib.yours import backends
 
 NAME = "yours-numba"
 PIECES = ("strided_map", "strided_zip", "sum_dim", "sum_kernel", "matmul")
@@ -131,10 +132,8 @@ class YoursNumbaBackend(Backend):
         if kernel is None:
             return self.course.matmul(a, b)
         (n, k), m = a.shape[-2:], b.shape[-1]
-        batch = shape_broadcast(a.shape[:-2], b.shape[:-2])
         dtype = np.result_type(a.dtype, b.dtype)
-        A = np.broadcast_to(a.to_numpy(), batch + (n, k)).reshape(-1, n, k)
-        B = np.broadcast_to(b.to_numpy(), batch + (k, m)).reshape(-1, k, m)
+        A, B, batch = backends.matrix_pairs(a, b)
         out = np.empty((A.shape[0], n, m), dtype=dtype)
         _threads(n * k * m // 16)
         for t in range(out.shape[0] if out.size else 0):   # your kernel multiplies one pair of matrices
@@ -148,11 +147,7 @@ class YoursNumbaBackend(Backend):
 
 def describe(backend):
     """The one line: which of the backend's ops run on your kernels, and which on the course's."""
-    whose = backend.whose()
-    mine = [f"your {kernel} runs {op}" for op, kernel in whose if kernel]
-    course = [op for op, kernel in whose if not kernel]
-    yours_part = "; ".join(mine) if mine else "none of your kernels (none saved, or yours.use(\"06\", False))"
-    return f"chapter 06 backend {NAME!r}: {yours_part}; the course's kernels run {', '.join(course)}"
+    return backends.describe("06", NAME, backend.whose())
 
 
 def build(verify=True, quiet=False):

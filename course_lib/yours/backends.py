@@ -1,0 +1,24 @@
+"""What the backends built from your chapter 06 and 07 kernels share: the one line that says
+whose kernel runs each op, and the batch of matrix pairs your 2-D matmul kernels multiply."""
+
+import numpy as np
+
+from course_lib.tensor.tensor_data import shape_broadcast
+
+
+def describe(chapter, name, whose):
+    """The one line. whose: [(op, your kernel's name, or None where the course's kernel runs it)]."""
+    mine = [f"your {kernel} runs {op}" for op, kernel in whose if kernel]
+    course = [op for op, kernel in whose if not kernel]
+    yours_part = "; ".join(mine) if mine else f"none of your kernels (none saved, or yours.use(\"{chapter}\", False))"
+    return f"chapter {chapter} backend {name!r}: {yours_part}; the course's kernels run {', '.join(course)}"
+
+
+def matrix_pairs(a, b):
+    """a (..., n, k) and b (..., k, m) as two stacks of matrices, A (batch, n, k) and B (batch, k, m),
+    with the batch dims broadcast; returns (A, B, the broadcast batch shape)."""
+    (n, k), m = a.shape[-2:], b.shape[-1]
+    batch = shape_broadcast(a.shape[:-2], b.shape[:-2])
+    A = np.broadcast_to(a.to_numpy(), batch + (n, k)).reshape(-1, n, k)
+    B = np.broadcast_to(b.to_numpy(), batch + (k, m)).reshape(-1, k, m)
+    return A, B, batch
