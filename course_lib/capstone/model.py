@@ -57,10 +57,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """x + attn(ln_1(x)), then x + mlp(ln_2(x)): pre-norm, so the residual path stays clean."""
 
-    def __init__(self, config, dtype):
+    def __init__(self, config, dtype, attention):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, dtype=dtype)
-        self.attn = CausalSelfAttention(config, dtype)
+        self.attn = attention(config, dtype)
         self.ln_2 = nn.LayerNorm(config.n_embd, dtype=dtype)
         self.mlp = MLP(config, dtype)
 
@@ -71,14 +71,16 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, config, dtype=np.float32):
+    """attention: the class of every block's attention (a CausalSelfAttention, or a subclass of it)."""
+
+    def __init__(self, config, dtype=np.float32, attention=CausalSelfAttention):
         super().__init__()
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd, dtype=dtype),    # token embeddings
             wpe=nn.Embedding(config.block_size, config.n_embd, dtype=dtype),    # position embeddings
             drop=nn.Dropout(config.dropout),
-            h=[Block(config, dtype) for _ in range(config.n_layer)],
+            h=[Block(config, dtype, attention) for _ in range(config.n_layer)],
             ln_f=nn.LayerNorm(config.n_embd, dtype=dtype),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False, dtype=dtype)
@@ -97,11 +99,11 @@ class GPT(nn.Module):
             p.copy_(Tensor(value, dtype=p.dtype))
 
     @classmethod
-    def from_torch(cls, torch_gpt, dtype=None):
+    def from_torch(cls, torch_gpt, dtype=None, attention=CausalSelfAttention):
         """A GPT holding the weights of chapter 04's PyTorch GPT (in its dtype unless `dtype` is given)."""
         sd = torch_gpt.state_dict()
         dtype = sd["lm_head.weight"].numpy().dtype if dtype is None else dtype
-        model = cls(torch_gpt.config, dtype=dtype)
+        model = cls(torch_gpt.config, dtype=dtype, attention=attention)
         model.load_state_dict({name: t.detach().cpu().numpy() for name, t in sd.items()})
         return model
 

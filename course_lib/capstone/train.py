@@ -84,17 +84,19 @@ def train(model, get_batch, cfg: TrainConfig):
     return history
 
 
-def compare_training(config, cfg: TrainConfig, tokens, steps, dtype=np.float64, seed=1337):
+def compare_training(config, cfg: TrainConfig, tokens, steps, dtype=np.float64, seed=1337, gpt=GPT,
+                     make_optimizer=configure_optimizer, keep=None):
     """Train chapter 04's PyTorch GPT and the capstone GPT side by side for `steps` steps from the same
     initial weights on the same batches; returns (torch losses, course losses), one per step.
 
-    The course GPT runs on the current backend of course_lib.tensor."""
+    The course GPT (`gpt`, a class like GPT, with `make_optimizer(model, cfg)`) runs on the current
+    backend of course_lib.tensor. A dict `keep` receives the two trained models ("torch", "course")."""
     torch.manual_seed(seed)
     reference = TorchGPT(config).to(torch.float64 if dtype == np.float64 else torch.float32)
-    ours = GPT.from_torch(reference)
+    ours = gpt.from_torch(reference)
     losses = {"torch": [], "course": []}
     for name, model, make_opt, step in (("torch", reference, torch_optimizer, torch_step),
-                                        ("course", ours, configure_optimizer, train_step)):
+                                        ("course", ours, make_optimizer, train_step)):
         get_batch = make_get_batch(tokens, config.block_size, cfg.batch_size, seed=seed)  # the same batches
         optimizer = make_opt(model, cfg)
         model.train()
@@ -106,4 +108,6 @@ def compare_training(config, cfg: TrainConfig, tokens, steps, dtype=np.float64, 
             else:
                 optimizer.lr = lr
             losses[name].append(step(model, optimizer, *get_batch("train"), cfg.grad_clip))
+        if keep is not None:
+            keep[name] = model
     return losses["torch"], losses["course"]

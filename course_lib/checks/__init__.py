@@ -138,7 +138,7 @@ def _mistake_hint(yours, mistakes, rtol, atol):
     for hint, wrong in (mistakes or {}).items():
         try:
             w = _as_array(wrong, "")
-            if w.shape == yours.shape and np.allclose(yours, w, rtol=rtol, atol=atol):
+            if w.shape == yours.shape and np.allclose(yours, w, rtol=rtol, atol=atol, equal_nan=True):
                 return hint
         except Exception:
             continue

@@ -274,6 +274,21 @@ class LayerNorm(Function):
         return da, (rows * xhat.reshape(-1, n)).sum(0), rows.sum(0)
 
 
+class Embedding(Function):
+    """Row lookup: out[..., :] = weight[idx[...], :]. Backward scatter-adds: row i of d/dweight is the sum
+    of grad over every position that looked up i (a token seen three times in a batch collects three rows)."""
+    @staticmethod
+    def forward(ctx, weight, idx):
+        ctx.idx, ctx.shape = idx, weight.shape
+        return TensorData.from_numpy(weight.numpy()[idx], weight.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows = np.zeros(ctx.shape, grad.dtype)
+        np.add.at(rows, ctx.idx.reshape(-1), grad.numpy().reshape(-1, ctx.shape[1]))
+        return grad._new(TensorData.from_numpy(rows, grad.dtype))
+
+
 class MaskedFill(Function):
     """a, with `value` wherever mask (1.0/0.0, broadcast to a) is 1;  d/da = grad where mask is 0."""
     @staticmethod

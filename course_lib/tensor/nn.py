@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from course_lib.tensor import functions as F
-from course_lib.tensor.tensor import Tensor, generator, one_hot
+from course_lib.tensor.tensor import Tensor, generator
 from course_lib.tensor.tensor_data import ShapeError
 
 
@@ -174,8 +174,8 @@ class ModuleDict(Module):
 
 
 class Embedding(Module):
-    """Row lookup: index i -> weight[i]. Done as one_hot(i) @ weight, so the gradient is the
-    matmul's (rows that were looked up several times add up)."""
+    """Row lookup: index i -> weight[i] (functions.Embedding). The same as one_hot(i) @ weight, without
+    the (positions x vocabulary) matrix of zeros: the backward adds each position's gradient into its row."""
 
     def __init__(self, num_embeddings: int, dim: int, dtype=np.float32):
         super().__init__()
@@ -186,8 +186,7 @@ class Embedding(Module):
         idx = np.asarray(idx.numpy() if isinstance(idx, Tensor) else idx)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_embeddings):
             raise IndexError(f"Embedding({self.num_embeddings}): index out of range [{idx.min()}, {idx.max()}]")
-        rows = one_hot(idx.reshape(-1), self.num_embeddings, self.weight.dtype) @ self.weight
-        return rows.reshape(idx.shape + (self.dim,))
+        return F.Embedding.apply(self.weight, idx=idx.astype(np.int64))
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.dim}"
