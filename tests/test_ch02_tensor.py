@@ -367,3 +367,23 @@ def test_a_backend_written_elsewhere_plugs_in():
         B._loaded.pop("counting", None)
     with pytest.raises(TypeError, match="lacks"):
         B.register_backend("broken", object())
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_weight_gradient_comes_out_in_the_weights_layout(backend, monkeypatch):
+    """Linear multiplies by weight.T; the weight's gradient is computed column-major, so its transpose
+    back to the weight is row-major and accumulating it copies nothing. Values as torch's."""
+    rng = np.random.default_rng(8)
+    x, w = rng.standard_normal((13, 7)), rng.standard_normal((5, 7))
+    with ct.use_backend(backend) as engine:
+        layer = nn.Linear(7, 5, dtype=np.float64)
+        layer.weight.copy_(ct.Tensor(w))
+        loss = (layer(ct.Tensor(x)) ** 2.0).sum()
+        copies, map_ = [], engine.map
+        monkeypatch.setattr(engine, "map", lambda op, *a, **k: copies.append(op) or map_(op, *a, **k))
+        loss.backward()
+    assert "id" not in copies, "the weight's gradient was copied (a transposed layout made contiguous)"
+    tw = torch.tensor(w, requires_grad=True)
+    ((torch.tensor(x) @ tw.T + torch.tensor(layer.bias.numpy())) ** 2).sum().backward()
+    assert layer.weight.grad.data.strides == (7, 1)
+    np.testing.assert_allclose(layer.weight.grad.numpy(), tw.grad.numpy(), rtol=1e-12, atol=1e-12)

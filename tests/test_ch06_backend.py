@@ -205,3 +205,61 @@ def test_cached_kernels_are_dropped_when_the_inlined_scalar_ops_change(tmp_path)
     (tmp_path / "inlined.sha256").write_text("an older fingerprint")
     fast._drop_stale_kernels(tmp_path)
     assert not (tmp_path / "ops.unary-1.py311.nbi").exists()
+
+
+@pytest.mark.parametrize("shape", [(1, 37), (9, 37), (6, 5, 43), (3, 7, 2, 9), (4, 1, 10)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_flat_reductions_over_every_dim(shape, dtype):
+    """Contiguous inputs reduce with flat.py's kernels: the last dim in four lanes (rows whose length is
+    not a multiple of 4 included), any other dim in rows (an inner block of 8 or more) or strided."""
+    x = TensorData.from_numpy(RNG.uniform(-3, 3, shape), dtype)
+    for op in REDUCE_OPS:
+        for dim in range(len(shape)):
+            close(nb.reduce(op, x, dim), npb.reduce(op, x, dim), dtype)
+
+
+def test_flat_reductions_on_every_thread():
+    from course_lib.fast.backend import PARALLEL_MIN
+    x = TensorData.from_numpy(RNG.uniform(-3, 3, (PARALLEL_MIN // 250 + 5, 5, 50)), np.float32)
+    for op in REDUCE_OPS:
+        for dim in range(3):
+            close(nb.reduce(op, x, dim), npb.reduce(op, x, dim), np.float32)
+
+
+@pytest.mark.parametrize("name", ["adam", "adam+wd", "adamw", "adamw groups"])
+@pytest.mark.parametrize("dtype, size", [(np.float64, 97), (np.float32, 97), (np.float32, 300_001)])
+def test_fused_adam_matches_torch(name, dtype, size, monkeypatch):
+    """On the Numba backend, optim.Adam's update is one kernel (fast/adam.py); it equals torch's, on
+    both flavours (the parallel one above PARALLEL_MIN parameters)."""
+    from course_lib import tensor as ct
+    from course_lib.fast import backend as fast
+    from course_lib.tensor import nn, optim
+
+    calls, fused = [], fast.NumbaBackend.adam
+    monkeypatch.setattr(fast.NumbaBackend, "adam", lambda self, *a: calls.append(1) or fused(self, *a))
+    rng = np.random.default_rng(4)
+    w0, b0 = rng.standard_normal(size), rng.standard_normal(7)
+    ours = [nn.Parameter(w0.astype(dtype), dtype=dtype), nn.Parameter(b0.astype(dtype), dtype=dtype)]
+    theirs = [torch.tensor(v.astype(dtype), requires_grad=True) for v in (w0, b0)]
+
+    def make(lib, params):
+        adam, adamw = (optim.Adam, optim.AdamW) if lib is optim else (torch.optim.Adam, torch.optim.AdamW)
+        return {"adam": lambda: adam(params, lr=0.01, betas=(0.8, 0.95)),
+                "adam+wd": lambda: adam(params, lr=0.01, weight_decay=0.1),
+                "adamw": lambda: adamw(params, lr=0.01, weight_decay=0.1),
+                "adamw groups": lambda: adamw([{"params": params[:1], "weight_decay": 0.2},
+                                               {"params": params[1:], "weight_decay": 0.0}], lr=0.02)}[name]()
+
+    with ct.use_backend("numba"):
+        opt, ref = make(optim, ours), make(torch, theirs)
+        for step in range(4):
+            grads = [rng.standard_normal(p.shape) for p in ours]
+            for p, t, g in zip(ours, theirs, grads):
+                p.grad, t.grad = ct.Tensor(g.astype(dtype), dtype=dtype), torch.tensor(g.astype(dtype))
+            opt.step()
+            ref.step()
+    assert len(calls) == 4
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for p, t in zip(ours, theirs):
+        np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=tol, atol=tol)
+

@@ -7,6 +7,7 @@ One idea per file:
     flat.py      per-op kernels for contiguous operands (full, row, column or one number), vectorized
     matmul.py    a parallel, tiled, batched matmul (how a fast matmul is built)
     blas.py      the backend's matmul: a compiled loop over BLAS's gemm, reading transposes in place
+    adam.py      Adam's whole update in one pass over the parameters (a fused optimizer kernel)
     backend.py   the four kernels behind chapter 02's backend interface: `set_backend("numba")`
 
 Every kernel is compiled with `cache=True`: the machine code is saved next to this package

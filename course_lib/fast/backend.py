@@ -7,9 +7,15 @@ operand that is neither contiguous nor a transpose of a contiguous array (gemm r
 A 0-d tensor is run as shape (1,) with stride 0.
 
 When every operand is contiguous (or a row, a column or a single number repeated over a
-contiguous output), map, zip, where and a reduction over the last dim run the flat, vectorized
-kernels of flat.py; everything else (permuted, sliced or expanded views) runs the strided
-kernels of ops.py.
+contiguous output), map, zip, where and reductions run the flat, vectorized kernels of flat.py;
+everything else (permuted, sliced or expanded views) runs the strided kernels of ops.py.
+
+A training step makes the same calls with the same shapes at every step, so each call's plan
+(output shape, kernel, how it reads its operands) is worked out once and cached: on small tensors
+the Python around a kernel costs more than the kernel.
+
+One optional method goes beyond the four loops: `adam`, Adam's whole update as one kernel
+(adam.py), which optim.Adam calls when the backend has it.
 
 Starting a parallel loop wakes the thread pool, which costs microseconds on an idle machine
 and milliseconds on a busy one. For small work one thread is faster, so `_threads` picks the
@@ -22,8 +28,9 @@ import math
 import numba
 import numpy as np
 
+from course_lib.fast.adam import fused_adam
 from course_lib.fast.blas import blas_matmul, stack
-from course_lib.fast.flat import BLOCK, flat_map, flat_reduce_last, flat_where, flat_zip, plan
+from course_lib.fast.flat import BLOCK, flat_map, flat_reduce_inner, flat_reduce_last, flat_where, flat_zip, plan
 from course_lib.fast.indexing import as_int_array, broadcast_strides, contiguous_strides
 from course_lib.fast.ops import map_kernel, reduce_kernel, where_kernel, zip_kernel
 from course_lib.tensor.backend import Backend
@@ -64,13 +71,15 @@ def _parallel(work):
 
 
 def _fresh(shape, dtype):
-    shape = tuple(shape)
     return TensorData.contiguous(np.empty(math.prod(shape), dtype=dtype), shape)
 
 
 def _flat(view):
     """The elements of a contiguous view, as a 1-D numpy array (no copy)."""
-    return view.storage[view.offset:view.offset + view.size]
+    storage = view.storage
+    if view.offset == 0 and storage.size == view.size:
+        return storage
+    return storage[view.offset:view.offset + view.size]
 
 
 def _layout(view, shape):
@@ -89,35 +98,75 @@ def _run_shape(shape):
     return as_int_array(shape if shape else (1,))
 
 
+# Each call's plan (the output's shape and size, which flat kernel serves contiguous operands, and
+# how it reads them) is worked out once and looked up after that: on small tensors the Python
+# around a kernel costs more than the kernel (about 4 microseconds against 0.3 for a call into Numba).
+
+@functools.lru_cache(maxsize=4096)
+def _map_plan(op, shape):
+    size = math.prod(shape)
+    return size, VECTOR_MATH.get(op) or flat_map(MAP_CODE[op], size >= PARALLEL_MIN and _POOL > 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _zip_plan(op, a_shape, b_shape):
+    """(output shape, size, flat kernel or None, cols)."""
+    shape = shape_broadcast(a_shape, b_shape)
+    size, how = math.prod(shape), plan(shape, a_shape, b_shape)
+    if how is None:
+        return shape, size, None, 0
+    (ka, kb), cols = how
+    return shape, size, flat_zip(ZIP_CODE[op], ka, kb, size >= PARALLEL_MIN and _POOL > 1), cols
+
+
+@functools.lru_cache(maxsize=4096)
+def _reduce_plan(op, shape, dim):
+    """(output shape, the flat kernel for contiguous input, its extra arguments)."""
+    out_shape = shape[:dim] + (1,) + shape[dim + 1:]
+    size, n, inner = math.prod(shape), shape[dim], math.prod(shape[dim + 1:])
+    parallel = size >= PARALLEL_MIN and _POOL > 1
+    if inner == 1:
+        return out_shape, flat_reduce_last(REDUCE_CODE[op], parallel), (n,)
+    if inner >= 8:  # a narrower block would spend more on its accumulators than on the sums
+        return out_shape, flat_reduce_inner(REDUCE_CODE[op], parallel), (n, inner)
+    return out_shape, None, ()
+
+
+_POOL = numba.config.NUMBA_NUM_THREADS
+
+
 class NumbaBackend(Backend):
     name = "numba"
 
     def map(self, op, a, out=None):
+        size, kernel = _map_plan(op, a.shape)
         out = _fresh(a.shape, a.dtype) if out is None else out
-        size = out.size
         if not size:
             return out
-        if a.size == size and a.is_contiguous() and out.is_contiguous():
+        if a.size == out.size and a.is_contiguous() and out.is_contiguous():
             if op in VECTOR_MATH:
-                VECTOR_MATH[op](_flat(a), out=_flat(out))
+                kernel(_flat(a), out=_flat(out))
             else:
-                flat_map(MAP_CODE[op], _parallel(size))(_flat(out), _flat(a), BLOCK)
+                if size >= PARALLEL_MIN:
+                    _threads(size)
+                kernel(_flat(out), _flat(a), BLOCK)
         else:
+            size = out.size
             _threads(size)
             map_kernel(MAP_CODE[op], out.storage, out.offset, _run_shape(out.shape), _layout(out, out.shape)[2],
                        *_layout(a, out.shape))
         return out
 
     def zip(self, op, a, b, out=None):
+        shape, size, kernel, cols = _zip_plan(op, a.shape, b.shape)
         if out is None:
-            out = _fresh(shape_broadcast(a.shape, b.shape), np.result_type(a.dtype, b.dtype))
-        size = out.size
+            out = _fresh(shape, a.dtype if a.dtype is b.dtype else np.result_type(a.dtype, b.dtype))
         if not size:
             return out
-        how = plan(out.shape, a.shape, b.shape) if a.is_contiguous() and b.is_contiguous() else None
-        if how and out.is_contiguous():
-            (ka, kb), cols = how
-            flat_zip(ZIP_CODE[op], ka, kb, _parallel(size))(_flat(out), _flat(a), _flat(b), cols)
+        if kernel is not None and a.is_contiguous() and b.is_contiguous() and out.is_contiguous():
+            if size >= PARALLEL_MIN:
+                _threads(size)
+            kernel(_flat(out), _flat(a), _flat(b), cols)
         else:
             _threads(size)
             zip_kernel(ZIP_CODE[op], out.storage, out.offset, _run_shape(out.shape), _layout(out, out.shape)[2],
@@ -125,11 +174,15 @@ class NumbaBackend(Backend):
         return out
 
     def reduce(self, op, a, dim):
-        shape = a.shape[:dim] + (1,) + a.shape[dim + 1:]
+        shape, kernel, extra = _reduce_plan(op, a.shape, dim)
         out = _fresh(shape, a.dtype)
-        if out.size and dim == a.dims - 1 and a.is_contiguous():
-            flat_reduce_last(REDUCE_CODE[op], _parallel(a.size))(out.storage, _flat(a), a.shape[dim])
-        elif out.size:
+        if not out.size:
+            return out
+        if kernel is not None and a.is_contiguous():
+            if a.size >= PARALLEL_MIN:
+                _threads(a.size)
+            kernel(out.storage, _flat(a), *extra)
+        else:
             _threads(a.size)
             reduce_kernel(REDUCE_CODE[op], out.storage, _run_shape(shape), a.storage, a.offset,
                           _strides(a.shape, a.strides, a.shape), dim, a.shape[dim])
@@ -157,6 +210,17 @@ class NumbaBackend(Backend):
             blas_matmul(a_t, b_t)(out, a3, b3, _run_shape(batch), _batch_strides(a.shape[:-2], batch),
                                   _batch_strides(b.shape[:-2], batch))
         return TensorData.contiguous(out.reshape(-1), batch + (n, m))
+
+    def adam(self, p, g, m, v, lr, betas, eps, t, decay, decoupled):
+        """One fused Adam step over flat contiguous vectors (fast/adam.py): updates m and v in place and
+        returns the new p. decay: None, one number, or a vector with one number per parameter."""
+        new = _fresh(p.shape, p.dtype)
+        per_parameter = isinstance(decay, TensorData)
+        decay = _flat(decay) if per_parameter else np.array([decay or 0.0])
+        b1, b2 = betas
+        fused_adam(decoupled, per_parameter, _parallel(p.size))(_flat(new), _flat(p), _flat(g), _flat(m), _flat(v), decay,
+                                                 lr, b1, b2, eps, 1.0 - b1 ** t, 1.0 - b2 ** t)
+        return new
 
 
 @functools.lru_cache(maxsize=4096)

@@ -17,7 +17,9 @@ block of BLOCK elements (rows are what the parallel flavour shares among the thr
 `flat_reduce_last` reduces the last dim of a contiguous tensor, a row at a time: the strided
 reduce kernel would keep there one accumulator array, of width 1, per output.
 
-Each builder (`flat_map`, `flat_zip`, `flat_where`, `flat_reduce_last`) makes one kernel per
+`flat_reduce_inner` reduces any other dim of a contiguous tensor.
+
+Each builder (`flat_map`, `flat_zip`, `flat_where`, `flat_reduce_last`, `flat_reduce_inner`) makes one kernel per
 op and kinds, which are constants of the kernel: Numba folds the op's switch and the kinds'
 branches away. Each row works on slices indexed by the loop counter alone, so Numba knows no
 index is negative and drops its wraparound test, and LLVM vectorizes the inner loop (4 to 16
@@ -33,6 +35,7 @@ the `parallel` flag, so two flavours of the same code would load each other's ma
 import functools
 import math
 
+import numpy as np
 from numba import njit, prange
 
 from course_lib.fast.ops import START, binary, fold, unary
@@ -126,17 +129,61 @@ def flat_zip(op, a_kind, b_kind, parallel=False):
 def flat_reduce_last(op, parallel=False):
     """A kernel out[r] = fold(op) over row r of the contiguous a, read as rows of n: a reduction over
     the last dim (softmax's max and sum, layer norm's mean), one row per iteration. Sums accumulate
-    in float64, as in ops.reduce_kernel."""
+    in float64, as in ops.reduce_kernel.
+
+    With one accumulator, every add waits for the one before it (about 4 cycles). Four accumulators,
+    element j going to number j % 4, are four independent chains that the CPU overlaps; they are
+    folded together at the end of the row."""
     start, loop = START[op], prange if parallel else range
 
     @njit(parallel=parallel, **JIT)
     def kernel(out, a, n):
+        whole = n - n % 4
         for r in loop(out.size):
             x = a[r * n:(r + 1) * n]
-            acc = start
-            for j in range(n):
+            acc0 = acc1 = acc2 = acc3 = start
+            for j in range(0, whole, 4):
+                four = x[j:j + 4]
+                acc0 = fold(op, acc0, four[0])
+                acc1 = fold(op, acc1, four[1])
+                acc2 = fold(op, acc2, four[2])
+                acc3 = fold(op, acc3, four[3])
+            acc = fold(op, fold(op, acc0, acc1), fold(op, acc2, acc3))
+            for j in range(whole, n):
                 acc = fold(op, acc, x[j])
             out[r] = acc
+    return kernel
+
+
+WIDE = 1024  # outputs per block in flat_reduce_inner: 8 KB of float64 accumulators, held in L1
+
+
+@functools.cache
+def flat_reduce_inner(op, parallel=False):
+    """A kernel for a reduction over a dim that is not the last, of a contiguous a read as
+    (outer, n, inner): out[o, i] = fold(op) over k of a[o, k, i] (a bias's gradient sums a (rows, m)
+    gradient over its rows: outer 1, n rows, inner m).
+
+    The outputs go in blocks of up to WIDE neighbours, one float64 accumulator each; the threads
+    share the blocks. For each k the block's inner loop reads a at stride 1, so it vectorizes.
+    The strided kernel of ops.py would find every position through position() instead."""
+    start, loop = START[op], prange if parallel else range
+
+    @njit(parallel=parallel, **JIT)
+    def kernel(out, a, n, inner):
+        per_row = (inner + WIDE - 1) // WIDE
+        for blk in loop((out.size // inner) * per_row):
+            o, lo = blk // per_row, (blk % per_row) * WIDE
+            width = min(WIDE, inner - lo)
+            acc = np.full(width, start)
+            for k in range(n):
+                base = (o * n + k) * inner + lo
+                x = a[base:base + width]
+                for i in range(width):
+                    acc[i] = fold(op, acc[i], x[i])
+            row = out[o * inner + lo:o * inner + lo + width]
+            for i in range(width):
+                row[i] = acc[i]
     return kernel
 
 

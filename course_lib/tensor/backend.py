@@ -37,6 +37,12 @@ Storage dtype is float32 or float64; outputs keep the input dtype (zip: the wide
         least 2 dims; the batch dims (...) broadcast. Output: contiguous
         (broadcast batch..., n, m).
 
+Optional: adam(p, g, m, v, lr, betas, eps, t, decay, decoupled) -> TensorData
+        One whole Adam step over flat contiguous vectors: update m and v in place and
+        return the new p (decay: None, a number, or one per parameter; decoupled: AdamW).
+        optim.Adam calls it when the current backend has it (chapter 06's does: one
+        pass over the parameters instead of a dozen ops).
+
 Shape checks (broadcast, matmul's k) happen in the tensor layer before a backend is
 called, so a backend may assume valid shapes. Everything else (where, cat, getitem's
 backward, softmax, ...) is composed from these four by the tensor layer; a backend

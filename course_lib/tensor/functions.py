@@ -400,9 +400,21 @@ class MatMul(Function):
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
-        ga = unbroadcast(grad @ b.transpose(-1, -2), a.shape) if ctx.needs_grad[0] else None
-        gb = unbroadcast(a.transpose(-1, -2) @ grad, b.shape) if ctx.needs_grad[1] else None
+        ga = unbroadcast(_product(grad, b.transpose(-1, -2), a), a.shape) if ctx.needs_grad[0] else None
+        gb = unbroadcast(_product(a.transpose(-1, -2), grad, b), b.shape) if ctx.needs_grad[1] else None
         return ga, gb
+
+
+def _product(x, y, like):
+    """x @ y, laid out like the input `like` it is the gradient of.
+
+    A Linear layer multiplies by W.T, a transposed view of its weight. W's gradient arrives through
+    that view: were it computed as a row-major x @ y, transposing it back to W's shape would leave
+    it column-major, and accumulating it would copy it. (y^T @ x^T)^T is the same matrix at the
+    same cost, column-major from the start, so its transpose back to W is row-major."""
+    if x.ndim == y.ndim == 2 and like.data.strides == (1, like.shape[0]):
+        return (y.transpose(0, 1) @ x.transpose(0, 1)).transpose(0, 1)
+    return x @ y
 
 
 # ------------------------------------------------------------ shape ops (views where possible)

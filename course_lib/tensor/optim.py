@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from course_lib.tensor.autodiff import no_grad
+from course_lib.tensor.backend import current_backend
 from course_lib.tensor.tensor import Tensor, cat, zeros
 from course_lib.tensor.tensor_data import TensorData
 
@@ -48,7 +49,7 @@ class Optimizer:
     def step(self) -> None:
         with no_grad():
             grads = [p.grad if p.grad is not None else zeros(p.shape, dtype=p.dtype) for p in self.params]
-            flat_p = cat([p.detach().reshape(-1) for p in self.params])
+            flat_p = _joined(self.params)
             flat_g = cat([g.reshape(-1) for g in grads])
             new = self.update(flat_p, flat_g, self.state).contiguous().data
             start = new.offset
@@ -60,6 +61,18 @@ class Optimizer:
     def update(self, p, g, state):
         """Return the new value of parameter p, given its gradient g and its state dict."""
         raise NotImplementedError
+
+
+def _joined(params) -> Tensor:
+    """The parameters as one flat vector: a view when they lie back to back in one storage, as every
+    step leaves them (each becomes a view into the step's new vector), else a copy made by cat."""
+    first = params[0].data
+    end = first.offset
+    for p in params:
+        if p.data.storage is not first.storage or p.data.offset != end or not p.data.is_contiguous():
+            return cat([p.detach().reshape(-1) for p in params])
+        end += p.data.size
+    return Tensor._wrap(TensorData(first.storage, (end - first.offset,), None, first.offset))
 
 
 class SGD(Optimizer):
@@ -81,7 +94,9 @@ class SGD(Optimizer):
 
 class Adam(Optimizer):
     """Running means of g and g^2, corrected for their start at zero:
-    m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr * m_hat / (sqrt(v_hat) + eps)."""
+    m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr * m_hat / (sqrt(v_hat) + eps).
+
+    A backend with an `adam` method (chapter 06's) runs the whole update as one kernel instead."""
 
     decoupled = False
 
@@ -93,9 +108,17 @@ class Adam(Optimizer):
     def update(self, p, g, state):
         b1, b2 = self.betas
         decay = self.per_element("weight_decay", self.weight_decay, p)
+        t = state["t"] = state.get("t", 0) + 1
+        fused = getattr(current_backend(), "adam", None)
+        if fused is not None and p.data.is_contiguous() and g.data.is_contiguous():
+            # the whole update below in one kernel (chapter 06's backend has one)
+            if t == 1:
+                state["m"], state["v"] = zeros(p.shape, dtype=p.dtype), zeros(p.shape, dtype=p.dtype)
+            decay = decay.data if isinstance(decay, Tensor) else decay
+            return p._new(fused(p.data, g.data, state["m"].data, state["v"].data, self.lr, self.betas,
+                                self.eps, t, decay, self.decoupled))
         if decay is not None and not self.decoupled:
             g = g + decay * p  # L2 penalty, folded into the gradient
-        t = state["t"] = state.get("t", 0) + 1
         m = state["m"] = (1 - b1) * g if t == 1 else b1 * state["m"] + (1 - b1) * g
         v = state["v"] = (1 - b2) * g * g if t == 1 else b2 * state["v"] + (1 - b2) * (g * g)
         m_hat = m / (1 - b1 ** t)
