@@ -55,6 +55,14 @@ def _sigmoid(x, out):
 VECTOR_MATH["sigmoid"] = _sigmoid
 
 
+_POOL = numba.config.NUMBA_NUM_THREADS
+
+
+def _use_pool(work):
+    """Whether a call this big runs a kernel's parallel flavour."""
+    return work >= PARALLEL_MIN and _POOL > 1
+
+
 def _threads(work):
     count = 1 if work < PARALLEL_MIN else numba.config.NUMBA_NUM_THREADS
     if count != numba.get_num_threads():
@@ -64,7 +72,7 @@ def _threads(work):
 def _parallel(work):
     """Whether a flat kernel should run its parallel flavour (setting the threads); the one-thread
     flavour never wakes the pool, so small calls skip `_threads` and its cost."""
-    if work < PARALLEL_MIN or numba.config.NUMBA_NUM_THREADS == 1:
+    if not _use_pool(work):
         return False
     _threads(work)
     return True
@@ -105,7 +113,7 @@ def _run_shape(shape):
 @functools.lru_cache(maxsize=4096)
 def _map_plan(op, shape):
     size = math.prod(shape)
-    return size, VECTOR_MATH.get(op) or flat_map(MAP_CODE[op], size >= PARALLEL_MIN and _POOL > 1)
+    return size, VECTOR_MATH.get(op) or flat_map(MAP_CODE[op], _use_pool(size))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -116,7 +124,7 @@ def _zip_plan(op, a_shape, b_shape):
     if how is None:
         return shape, size, None, 0
     (ka, kb), cols = how
-    return shape, size, flat_zip(ZIP_CODE[op], ka, kb, size >= PARALLEL_MIN and _POOL > 1), cols
+    return shape, size, flat_zip(ZIP_CODE[op], ka, kb, _use_pool(size)), cols
 
 
 @functools.lru_cache(maxsize=4096)
@@ -124,15 +132,12 @@ def _reduce_plan(op, shape, dim):
     """(output shape, the flat kernel for contiguous input, its extra arguments)."""
     out_shape = shape[:dim] + (1,) + shape[dim + 1:]
     size, n, inner = math.prod(shape), shape[dim], math.prod(shape[dim + 1:])
-    parallel = size >= PARALLEL_MIN and _POOL > 1
+    parallel = _use_pool(size)
     if inner == 1:
         return out_shape, flat_reduce_last(REDUCE_CODE[op], parallel), (n,)
     if inner >= 8:  # a narrower block would spend more on its accumulators than on the sums
         return out_shape, flat_reduce_inner(REDUCE_CODE[op], parallel), (n, inner)
     return out_shape, None, ()
-
-
-_POOL = numba.config.NUMBA_NUM_THREADS
 
 
 class NumbaBackend(Backend):
@@ -141,18 +146,16 @@ class NumbaBackend(Backend):
     def map(self, op, a, out=None):
         size, kernel = _map_plan(op, a.shape)
         out = _fresh(a.shape, a.dtype) if out is None else out
-        if not size:
+        if not out.size:
             return out
         if a.size == out.size and a.is_contiguous() and out.is_contiguous():
             if op in VECTOR_MATH:
                 kernel(_flat(a), out=_flat(out))
             else:
-                if size >= PARALLEL_MIN:
-                    _threads(size)
+                _parallel(size)  # the kernel's flavour was picked by size; this sets the threads for it
                 kernel(_flat(out), _flat(a), BLOCK)
         else:
-            size = out.size
-            _threads(size)
+            _threads(out.size)
             map_kernel(MAP_CODE[op], out.storage, out.offset, _run_shape(out.shape), _layout(out, out.shape)[2],
                        *_layout(a, out.shape))
         return out
@@ -164,8 +167,7 @@ class NumbaBackend(Backend):
         if not size:
             return out
         if kernel is not None and a.is_contiguous() and b.is_contiguous() and out.is_contiguous():
-            if size >= PARALLEL_MIN:
-                _threads(size)
+            _parallel(size)  # the kernel's flavour was picked by size; this sets the threads for it
             kernel(_flat(out), _flat(a), _flat(b), cols)
         else:
             _threads(size)
@@ -179,8 +181,7 @@ class NumbaBackend(Backend):
         if not out.size:
             return out
         if kernel is not None and a.is_contiguous():
-            if a.size >= PARALLEL_MIN:
-                _threads(a.size)
+            _parallel(a.size)  # the kernel's flavour was picked by size; this sets the threads for it
             kernel(out.storage, _flat(a), *extra)
         else:
             _threads(a.size)
@@ -218,8 +219,8 @@ class NumbaBackend(Backend):
         per_parameter = isinstance(decay, TensorData)
         decay = _flat(decay) if per_parameter else np.array([decay or 0.0])
         b1, b2 = betas
-        fused_adam(decoupled, per_parameter, _parallel(p.size))(_flat(new), _flat(p), _flat(g), _flat(m), _flat(v), decay,
-                                                 lr, b1, b2, eps, 1.0 - b1 ** t, 1.0 - b2 ** t)
+        kernel = fused_adam(decoupled, per_parameter, _parallel(p.size))
+        kernel(_flat(new), _flat(p), _flat(g), _flat(m), _flat(v), decay, lr, b1, b2, eps, 1 - b1 ** t, 1 - b2 ** t)
         return new
 
 

@@ -106,19 +106,14 @@ class Adam(Optimizer):
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
 
     def update(self, p, g, state):
-        b1, b2 = self.betas
-        decay = self.per_element("weight_decay", self.weight_decay, p)
-        t = state["t"] = state.get("t", 0) + 1
         fused = getattr(current_backend(), "adam", None)
         if fused is not None and p.data.is_contiguous() and g.data.is_contiguous():
-            # the whole update below in one kernel (chapter 06's backend has one)
-            if t == 1:
-                state["m"], state["v"] = zeros(p.shape, dtype=p.dtype), zeros(p.shape, dtype=p.dtype)
-            decay = decay.data if isinstance(decay, Tensor) else decay
-            return p._new(fused(p.data, g.data, state["m"].data, state["v"].data, self.lr, self.betas,
-                                self.eps, t, decay, self.decoupled))
+            return self.fused_update(fused, p, g, state)
+        b1, b2 = self.betas
+        decay = self.per_element("weight_decay", self.weight_decay, p)
         if decay is not None and not self.decoupled:
             g = g + decay * p  # L2 penalty, folded into the gradient
+        t = state["t"] = state.get("t", 0) + 1
         m = state["m"] = (1 - b1) * g if t == 1 else b1 * state["m"] + (1 - b1) * g
         v = state["v"] = (1 - b2) * g * g if t == 1 else b2 * state["v"] + (1 - b2) * (g * g)
         m_hat = m / (1 - b1 ** t)
@@ -126,6 +121,16 @@ class Adam(Optimizer):
         if decay is not None and self.decoupled:
             p = p * (1 - self.lr * decay)  # AdamW: shrink the weights directly
         return p - self.lr * m_hat / (v_hat.sqrt() + self.eps)
+
+    def fused_update(self, fused, p, g, state):
+        """The update above as the backend's one kernel: it writes m and v in place, returns the new p."""
+        t = state["t"] = state.get("t", 0) + 1
+        if t == 1:
+            state["m"], state["v"] = zeros(p.shape, dtype=p.dtype), zeros(p.shape, dtype=p.dtype)
+        decay = self.per_element("weight_decay", self.weight_decay, p)
+        decay = decay.data if isinstance(decay, Tensor) else decay
+        return p._new(fused(p.data, g.data, state["m"].data, state["v"].data, self.lr, self.betas, self.eps, t,
+                            decay, self.decoupled))
 
 
 class AdamW(Adam):
