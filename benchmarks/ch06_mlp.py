@@ -1,6 +1,8 @@
 """One epoch of the digits MLP (64-256-256-10, batch 64, Adam) on the chapter 02 tensor engine.
 
     python benchmarks/ch06_mlp.py numpy|numba|torch     time one backend (one process)
+    python benchmarks/ch06_mlp.py both                  the two backends' epochs in turns, in one process
+                                                        (as lesson 06 runs them): best of each
 Run by benchmarks/ch06_numba_cpu.py, which starts one process per measurement.
 """
 
@@ -57,6 +59,13 @@ def torch_epochs():
 
 if __name__ == "__main__":
     which = sys.argv[1]
+    if which == "both":
+        best = {"numpy": [], "numba": []}
+        for _ in range(EPOCHS):
+            for backend in best:
+                best[backend] += course_epochs(backend)[0]  # each call builds a model and trains it
+        print(" ".join(f"{min(best[b][1:]):.6f}" for b in best))
+        sys.exit()
     times, loss = torch_epochs() if which == "torch" else course_epochs(which)
     # The first epoch pays for compiling (numba) or warming up; report the best later epoch.
     print(f"{min(times[1:]):.6f} {times[0]:.6f} {loss:.4f}")

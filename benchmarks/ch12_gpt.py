@@ -29,6 +29,9 @@ def _threads_from_argv(default=1):
 THREADS = _threads_from_argv()
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ[var] = str(THREADS)
+# As in the course's Jupyter kernel: torch's idle OpenMP threads sleep instead of spinning on the cores
+# that the next model's step needs (all three take turns in this one process).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -6,7 +6,7 @@ One idea per file:
     ops.py       the scalar ops by code, and parallel strided map, zip, reduce and where kernels
     flat.py      per-op kernels for contiguous operands (full, row, column or one number), vectorized
     matmul.py    a parallel, tiled, batched matmul (how a fast matmul is built)
-    blas.py      the backend's matmul: a compiled loop over BLAS's gemm, reading transposes in place
+    blas.py      the backend's matmul: numpy's BLAS, so that one BLAS thread pool serves the process
     adam.py      Adam's whole update in one pass over the parameters (a fused optimizer kernel)
     backend.py   the four kernels behind chapter 02's backend interface: `set_backend("numba")`
 

@@ -1,9 +1,9 @@
 """The Numba backend for chapter 02's tensor engine: `set_backend("numba")`.
 
 Each method turns TensorData views (storage, shape, strides, offset) into the int64 arrays
-the kernels of flat.py, ops.py and blas.py take, and an op's name into its code
-(tensor/scalar_ops.py), and calls them. Nothing is copied except by matmul, which copies an
-operand that is neither contiguous nor a transpose of a contiguous array (gemm reads both).
+the kernels of flat.py and ops.py take, and an op's name into its code (tensor/scalar_ops.py),
+and calls them; matmul goes to BLAS (blas.py). Nothing is copied except by matmul, which copies
+an operand that is neither contiguous nor a transpose of a contiguous array (gemm reads both).
 A 0-d tensor is run as shape (1,) with stride 0.
 
 When every operand is contiguous (or a row, a column or a single number repeated over a
@@ -28,10 +28,10 @@ import math
 import numba
 import numpy as np
 
+from course_lib.fast import blas
 from course_lib.fast.adam import fused_adam
-from course_lib.fast.blas import blas_matmul, stack
 from course_lib.fast.flat import BLOCK, flat_map, flat_reduce_inner, flat_reduce_last, flat_where, flat_zip, plan
-from course_lib.fast.indexing import as_int_array, broadcast_strides, contiguous_strides
+from course_lib.fast.indexing import as_int_array, broadcast_strides
 from course_lib.fast.ops import map_kernel, reduce_kernel, where_kernel, zip_kernel
 from course_lib.tensor.backend import Backend
 from course_lib.tensor.scalar_ops import MAP_CODE, REDUCE_CODE, ZIP_CODE
@@ -47,9 +47,17 @@ VECTOR_MATH = {"exp": np.exp, "log": np.log, "tanh": np.tanh}
 
 
 def _sigmoid(x, out):
-    """1 / (1 + exp(-x)), with exp of a non-positive number only (it never overflows)."""
-    e = np.exp(-np.abs(x))
-    np.divide(np.where(x >= 0, 1.0, e), 1.0 + e, out=out)
+    """1 / (1 + exp(-x)), with exp of a non-positive number only (it never overflows): numpy's SIMD
+    exp(-|x|) into out, then one compiled pass; no temporaries."""
+    np.exp(np.negative(np.abs(x, out=out), out=out), out=out)
+    _sigmoid_from_exp(out, x)
+
+
+@numba.njit(cache=True)
+def _sigmoid_from_exp(e, x):
+    """e = exp(-|x|) becomes sigmoid(x): 1 / (1 + e) where x >= 0, e / (1 + e) where x < 0."""
+    for i in range(e.size):
+        e[i] = (1.0 if x[i] >= 0 else e[i]) / (1.0 + e[i])
 
 
 VECTOR_MATH["sigmoid"] = _sigmoid
@@ -148,6 +156,9 @@ class NumbaBackend(Backend):
         out = _fresh(a.shape, a.dtype) if out is None else out
         if not out.size:
             return out
+        if op == "id":  # a copy: numpy's copy loops walk any strides in the best order (4x faster than ops.py's)
+            np.copyto(out.to_numpy(), a.to_numpy())
+            return out
         if a.size == out.size and a.is_contiguous() and out.is_contiguous():
             if op in VECTOR_MATH:
                 kernel(_flat(a), out=_flat(out))
@@ -202,15 +213,7 @@ class NumbaBackend(Backend):
         return out
 
     def matmul(self, a, b):
-        (n, k), m = a.shape[-2:], b.shape[-1]
-        batch = shape_broadcast(a.shape[:-2], b.shape[:-2])
-        dtype = np.result_type(a.dtype, b.dtype)
-        out = (np.empty if k else np.zeros)((math.prod(batch), n, m), dtype=dtype)  # k = 0: 0s
-        if out.size and k:
-            (a3, a_t), (b3, b_t) = stack(a.to_numpy(), dtype), stack(b.to_numpy(), dtype)
-            blas_matmul(a_t, b_t)(out, a3, b3, _run_shape(batch), _batch_strides(a.shape[:-2], batch),
-                                  _batch_strides(b.shape[:-2], batch))
-        return TensorData.contiguous(out.reshape(-1), batch + (n, m))
+        return blas.matmul(a, b)
 
     def adam(self, p, g, m, v, lr, betas, eps, t, decay, decoupled):
         """One fused Adam step over flat contiguous vectors (fast/adam.py): updates m and v in place and
@@ -222,12 +225,6 @@ class NumbaBackend(Backend):
         kernel = fused_adam(decoupled, per_parameter, _parallel(p.size))
         kernel(_flat(new), _flat(p), _flat(g), _flat(m), _flat(v), decay, lr, b1, b2, eps, 1 - b1 ** t, 1 - b2 ** t)
         return new
-
-
-@functools.lru_cache(maxsize=4096)
-def _batch_strides(shape, batch):
-    """Strides, in whole matrices, that read a's (or b's) batch dims as the broadcast `batch`."""
-    return as_int_array(broadcast_strides(shape, contiguous_strides(shape), batch) if batch else (0,))
 
 
 backend = NumbaBackend()

@@ -1,59 +1,45 @@
-"""The backend's matmul: a batched loop over BLAS's matrix product, compiled by Numba.
+"""The backend's matmul: BLAS's gemm, called through numpy, with one BLAS in the process.
 
-matmul.py shows how a fast matmul is built (blocks in registers, tiles in the caches,
-packed operands), and reaches a fraction of BLAS's speed. BLAS libraries add per-CPU
-assembly kernels, and are the one thing every framework calls rather than rewrites. Inside
-an @njit function, `np.dot(A, B, out)` on 2-D float32 or float64 arrays calls BLAS's gemm
-(scipy's copy of it), so this kernel only walks the batch, with no Python per matrix.
+matmul.py shows how a fast matmul is built (blocks in registers, tiles in the caches, packed
+operands), and reaches a fraction of BLAS's speed. BLAS libraries add per-CPU assembly kernels,
+and are the one thing every framework calls rather than rewrites.
 
-No packing copy either: gemm reads an operand either as it is or transposed, so an operand
-that is the transpose of a contiguous array (as in `x @ w.T`, and in most matmuls of the
-backward pass) goes in as that array, with the flag `a_t` or `b_t`. The flags are constants
-of the kernel (one kernel per pair, built on first use): Numba then prunes the branch not
-taken, and every slice has a known layout (C, or F for `.T`), which np.dot needs to call
-gemm directly instead of a slow path that copies.
+Which BLAS matters. Inside an @njit function, `np.dot` calls scipy's copy of OpenBLAS, a second
+library with a thread pool of its own beside numpy's. After a product, OpenBLAS's threads keep
+spinning on the cores for a while in case another product follows; two pools in one process take
+the cores from each other, and a product that alternates with numpy's ran 8x slower on 2 cores
+(0.54 ms alone, 4 ms alternating, for 768x512 @ 512x128 in float32). So the backend calls numpy's
+`matmul`, the same gemm the numpy backend and every numpy `@` use. It costs nothing here: numpy
+loops over a batch in C, and hands gemm an operand that is the transpose of a contiguous array
+(as in `x @ w.T`, and in most products of the backward pass) as that array with a transpose
+flag, without copying it. Other views (a slice with a step, a broadcast row) are copied first.
 """
 
 import functools
 
 import numpy as np
-from numba import njit
 
-from course_lib.fast.indexing import position
-
-
-@functools.cache
-def blas_matmul(a_t, b_t):
-    """A kernel out[t] = A(t) @ B(t) over the batch, where A(t) = a[i].T if a_t else a[i] (B likewise).
-
-    out: (batch, n, m) C-contiguous; a and b: 3-D C-contiguous stacks of matrices, of out's dtype.
-    The batch index t walks `batch_shape`; the strides (in matrices, 0 where broadcast) find i.
-    """
-    @njit(cache=True)
-    def kernel(out, a, b, batch_shape, a_batch_strides, b_batch_strides):
-        for t in range(out.shape[0]):
-            i = position(t, batch_shape, a_batch_strides, 0)
-            if a_t:
-                x = a[i].T
-            else:
-                x = a[i]
-            i = position(t, batch_shape, b_batch_strides, 0)
-            if b_t:
-                y = b[i].T
-            else:
-                y = b[i]
-            np.dot(x, y, out[t])
-    return kernel
+from course_lib.tensor.tensor_data import TensorData, shape_broadcast
 
 
-def stack(x, dtype):
-    """x (..., r, c) as (a 3-D C-contiguous stack, transposed?): a free view when x or its transpose
-    is contiguous, else a contiguous copy."""
-    r, c = x.shape[-2:]
-    if x.dtype == dtype:
-        if x.flags.c_contiguous:
-            return x.reshape(-1, r, c), False
-        xt = np.swapaxes(x, -1, -2)
-        if xt.flags.c_contiguous:
-            return xt.reshape(-1, c, r), True
-    return np.ascontiguousarray(x, dtype=dtype).reshape(-1, r, c), False
+@functools.lru_cache(maxsize=4096)
+def _plan(a_shape, b_shape, a_dtype, b_dtype):
+    """The output's shape (broadcast batch, n, m) and dtype, worked out once per pair of shapes."""
+    return shape_broadcast(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1]), np.result_type(a_dtype, b_dtype)
+
+
+def _readable(x):
+    """x when gemm can read its matrices in place (rows or columns of unit stride, apart from each
+    other); else a contiguous copy. numpy would otherwise run its own slow loop on such an operand."""
+    (rs, cs), (r, c), item = x.strides[-2:], x.shape[-2:], x.itemsize
+    if (cs == item and rs >= c * item) or (rs == item and cs >= r * item):
+        return x
+    return np.ascontiguousarray(x)
+
+
+def matmul(a: TensorData, b: TensorData) -> TensorData:
+    """a (..., n, k) @ b (..., k, m), batch dims broadcast, into a fresh contiguous result (k = 0: zeros)."""
+    shape, dtype = _plan(a.shape, b.shape, a.dtype, b.dtype)
+    out = np.empty(shape, dtype=dtype)
+    np.matmul(_readable(a.to_numpy()), _readable(b.to_numpy()), out=out)
+    return TensorData.contiguous(out.reshape(-1), shape)
