@@ -39,12 +39,6 @@ from course_lib.tensor.tensor_data import TensorData, shape_broadcast
 
 PARALLEL_MIN = 1 << 17  # elements below which one thread is faster
 
-# exp, log, tanh and sigmoid of contiguous data go to numpy's ufuncs. numpy calls a SIMD math library
-# that computes 8 or 16 lanes at once; a Numba loop calls the C library's scalar exp or tanh once per
-# element (393,216 float32 numbers: np.tanh 0.14 ms, a Numba loop of math.tanh 6.3 ms; np.exp 0.18 ms,
-# math.exp 0.9 ms), unless Intel's SVML is installed for Numba to vectorize with.
-VECTOR_MATH = {"exp": np.exp, "log": np.log, "tanh": np.tanh}
-
 
 def _sigmoid(x, out):
     """1 / (1 + exp(-x)), with exp of a non-positive number only (it never overflows): numpy's SIMD
@@ -60,7 +54,11 @@ def _sigmoid_from_exp(e, x):
         e[i] = (1.0 if x[i] >= 0 else e[i]) / (1.0 + e[i])
 
 
-VECTOR_MATH["sigmoid"] = _sigmoid
+# exp, log, tanh and sigmoid of contiguous data go to numpy's ufuncs. numpy calls a SIMD math library
+# that computes 8 or 16 lanes at once; a Numba loop calls the C library's scalar exp or tanh once per
+# element (393,216 float32 numbers: np.tanh 0.14 ms, a Numba loop of math.tanh 6.3 ms; np.exp 0.18 ms,
+# math.exp 0.9 ms), unless Intel's SVML is installed for Numba to vectorize with.
+VECTOR_MATH = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": _sigmoid}
 
 
 _POOL = numba.config.NUMBA_NUM_THREADS
@@ -152,13 +150,13 @@ class NumbaBackend(Backend):
     name = "numba"
 
     def map(self, op, a, out=None):
-        size, kernel = _map_plan(op, a.shape)
         out = _fresh(a.shape, a.dtype) if out is None else out
         if not out.size:
             return out
         if op == "id":  # a copy: numpy's copy loops walk any strides in the best order (4x faster than ops.py's)
             np.copyto(out.to_numpy(), a.to_numpy())
             return out
+        size, kernel = _map_plan(op, a.shape)
         if a.size == out.size and a.is_contiguous() and out.is_contiguous():
             if op in VECTOR_MATH:
                 kernel(_flat(a), out=_flat(out))
