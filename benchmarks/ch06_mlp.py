@@ -14,22 +14,34 @@ from course_lib.data import load_digits
 HIDDEN, BATCH, EPOCHS = 256, 64, 3
 
 
+def course_model():
+    """The MLP and its Adam, on the course's tensor library, from seed 0."""
+    from course_lib import tensor as T
+    T.manual_seed(0)
+    model = T.nn.Sequential(T.nn.Linear(64, HIDDEN), T.nn.ReLU(), T.nn.Linear(HIDDEN, HIDDEN), T.nn.ReLU(),
+                            T.nn.Linear(HIDDEN, 10))
+    return model, T.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def course_step(model, opt, xb, yb):
+    from course_lib import tensor as T
+    loss = T.cross_entropy(model(xb), yb)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def course_epochs(backend):
     from course_lib import tensor as T
     T.set_backend(backend)
-    T.manual_seed(0)
     X, _, y, _ = load_digits()
-    model = T.nn.Sequential(T.nn.Linear(64, HIDDEN), T.nn.ReLU(), T.nn.Linear(HIDDEN, HIDDEN), T.nn.ReLU(),
-                            T.nn.Linear(HIDDEN, 10))
-    opt = T.optim.Adam(model.parameters(), lr=1e-3)
+    model, opt = course_model()
     times, loss = [], None
     for epoch in range(EPOCHS):
         start = time.perf_counter()
         for xb, yb in T.DataLoader(X, y, batch_size=BATCH, seed=epoch):
-            loss = T.cross_entropy(model(xb), yb)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            loss = course_step(model, opt, xb, yb)
         times.append(time.perf_counter() - start)
     return times, loss.item()
 
