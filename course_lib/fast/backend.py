@@ -61,7 +61,7 @@ def _sigmoid_from_exp(e, x):
 VECTOR_MATH = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": _sigmoid}
 
 
-_POOL = numba.config.NUMBA_NUM_THREADS
+_POOL = numba.config.NUMBA_NUM_THREADS  # the threads Numba started with
 
 
 def _use_pool(work):
@@ -70,7 +70,8 @@ def _use_pool(work):
 
 
 def _threads(work):
-    count = 1 if work < PARALLEL_MIN else numba.config.NUMBA_NUM_THREADS
+    """One thread for small work, the whole pool for big work (switched only when it changes)."""
+    count = 1 if work < PARALLEL_MIN else _POOL
     if count != numba.get_num_threads():
         numba.set_num_threads(count)
 
