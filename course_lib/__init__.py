@@ -16,3 +16,7 @@ __version__ = "0.1.0"
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
+CHECKOUT = (REPO_DIR / "pyproject.toml").is_file() and (REPO_DIR / "solutions").is_dir()
+"""True when the library runs from the course's folder (a clone), False when pip installed it: then
+REPO_DIR is only site-packages, the lessons' files come from `course_lib.resources`, and the commands
+that read the course's notebooks say that they need a local setup."""

@@ -6,7 +6,8 @@
     course reset NN       fresh exercise notebook NN (yours is backed up first); --lesson for the lesson
     course sync           copy new or updated course notebooks into work/
     course setup          one-time setup: Jupyter kernel, Graphviz, work/
-    course build [--check]    (course authors) regenerate exercises/ from solutions/
+    course build [--check]    (course authors) exercises/ from solutions/, and every notebook's Colab and Binder
+                              cells and the README's badges from pyproject.toml's Repository (course_lib.launch)
     course stage DIR          (course authors) a workspace in DIR with the lessons and solved exercises
     course execute PATH...    (course authors) re-run notebooks in place (solutions/ as a learner would)
     course new SCRIPT OUT     (course authors) a notebook from a percent-format script
@@ -23,7 +24,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from course_lib import REPO_DIR, build, keep, nbtools, progress, workspace
+from course_lib import CHECKOUT, REPO_DIR, build, keep, launch, nbtools, progress, workspace
 
 GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
 
@@ -145,7 +146,7 @@ def cmd_build(args):
     for name, found in problems.items():
         for p in found:
             print(f"{name}: {p}")
-    stale = build.build(check_only=args.check)
+    stale = launch.update(check_only=args.check) + build.build(check_only=args.check)  # launch cells first
     for path in stale:
         print(("out of date: " if args.check else "wrote ") + str(path.relative_to(REPO_DIR)))
     return 1 if (args.check and stale) or any(problems.values()) else 0
@@ -276,6 +277,24 @@ def cmd_lab(args):
     os.execv(sys.executable, lab_argv(workspace.workspace_dir()) + args.jupyter_args)
 
 
+# Every command but `new` reads the course's notebooks or writes beside them, so it needs the course's
+# folder (a clone); a library that pip installed alone (a wheel, Colab) has none.
+NEEDS_CHECKOUT = {"status", "check", "reset", "sync", "setup", "lab", "build", "stage", "execute"}
+
+
+def needs_checkout(command):
+    """The one line a command that needs the course's folder prints when the library was installed alone."""
+    from importlib import metadata
+
+    try:
+        urls = metadata.metadata("course_lib").get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:
+        urls = []
+    repo = next((u.split(",", 1)[1].strip() for u in urls if u.lower().startswith("repository")), "the course's repository")
+    return (f"`course {command}` needs a local setup: it works on the course's folder (its notebooks and your work/), "
+            f"and this library was installed without one. Clone {repo}, then run `make lab` there (see its README).")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -309,6 +328,9 @@ def main(argv=None):
     if extra and args.cmd != "lab":
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     args.jupyter_args = extra
+    if args.cmd in NEEDS_CHECKOUT and not CHECKOUT:
+        print(needs_checkout(args.cmd), file=sys.stderr)
+        return 2
     return args.fn(args) or 0
 
 

@@ -11,11 +11,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from course_lib import REPO_DIR
+from course_lib import CHECKOUT, REPO_DIR
 
 
 def workspace_dir():
-    return Path(os.environ.get("COURSE_WORKSPACE", REPO_DIR / "work")).resolve()
+    """COURSE_WORKSPACE if set, else work/ in the course's folder (or ~/course-work for an installed library)."""
+    default = REPO_DIR / "work" if CHECKOUT else Path.home() / "course-work"
+    return Path(os.environ.get("COURSE_WORKSPACE", default)).resolve()
 
 
 def progress_file():

@@ -24,13 +24,13 @@ def _normalise(req):
 
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((REPO_DIR / "pyproject.toml").read_text())["project"]
-    pip = project["dependencies"] + project["optional-dependencies"]["test"]
+    pip = project["dependencies"] + project["optional-dependencies"]["test"] + project["optional-dependencies"]["book"]
     assert sorted(map(_normalise, pip)) == sorted(map(_normalise, _pip_lines_of_environment_yml()))
 
 
 def test_every_dependency_is_pinned():
     project = tomllib.loads((REPO_DIR / "pyproject.toml").read_text())["project"]
-    for req in project["dependencies"] + project["optional-dependencies"]["test"]:
+    for req in project["dependencies"] + project["optional-dependencies"]["test"] + project["optional-dependencies"]["book"]:
         assert "==" in req, f"not pinned: {req}"
 
 
