@@ -12,7 +12,7 @@ PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile \
 # folder, on the course kernel (as `course lab` runs them), so a path that works only from the repo fails.
 LEARNER := .learner-path
 
-.PHONY: lab test test-fast sweep status check reset build setup clean-venv
+.PHONY: lab test test-fast test-book book sweep status check reset build setup clean-venv
 
 lab: $(STAMP)
 	$(BIN)/course lab
@@ -24,13 +24,30 @@ test: $(STAMP)
 	$(BIN)/ruff check course_lib tests benchmarks
 	$(BIN)/course build --check
 	$(BIN)/course stage $(LEARNER)
-	$(TEST_ENV) COURSE_WORKSPACE=$(CURDIR)/$(LEARNER) $(PYTEST) tests $(LEARNER)/notebooks $(LEARNER)/exercises $(PYTEST_ARGS)
+	$(TEST_ENV) COURSE_WORKSPACE=$(CURDIR)/$(LEARNER) $(PYTEST) -m "not book" tests $(LEARNER)/notebooks $(LEARNER)/exercises $(PYTEST_ARGS)
 	@echo "The checks against wrong implementations again, on other random cases (seed 7):"
 	$(TEST_ENV) COURSE_CHECK_SEED=7 $(BIN)/python -m pytest -q -n 2 tests/test_ch0*_checks.py
 
 # Unit tests only (no notebooks, no browser): a quick loop while writing course_lib.
 test-fast: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -n 2 -m "not browser" tests --ignore=tests/test_notebooks.py $(PYTEST_ARGS)
+
+# The book: the executed lessons as a static site in build/book/html (Sphinx and myst-nb; nothing is
+# re-executed). Its packages are the optional group `book` of pyproject.toml; MathJax comes from npm once.
+BOOK_STAMP := $(VENV)/.book-installed
+book: $(BOOK_STAMP)
+	$(BIN)/sphinx-build -q -W --keep-going -b html -d build/book/doctrees book build/book/html
+	@echo "The book: build/book/html/index.html"
+
+# The book built afresh and read in headless Chromium: every page loads offline with no console error,
+# its figures and math render, no internal link is broken (about a minute; CI runs it after `make test`).
+test-book: $(BOOK_STAMP)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m book tests/test_book.py $(PYTEST_ARGS)
+
+$(BOOK_STAMP): pyproject.toml | $(STAMP)
+	$(BIN)/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["book"]))' > $(VENV)/book-requirements.txt
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -r $(VENV)/book-requirements.txt
+	touch $(BOOK_STAMP)
 
 # Opt-in: the slow tests: the checks against wrong implementations under 50 seeds (about 45 minutes
 # on 2 cores), and the ring all-reduce at world size 4.

@@ -123,22 +123,32 @@ def with_launch_cells(nb, path, repo=REPO_DIR):
     return nb
 
 
-def readme_badges(repo=REPO_DIR):
-    """The README's launch line: the book, chapter 00 in Colab, the course in Binder."""
+def readme_block(repo=REPO_DIR):
+    """The README's first lines after the title: badges, then the ways into the course."""
     project = tomllib.loads((repo / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     book = project.get("urls", {}).get("Documentation")
     first = sorted((repo / "notebooks").glob("00_*.ipynb"))
     start = f"notebooks/{first[0].name}" if first else "notebooks"
-    badges = []
+    colab, binder = colab_url(start, repo), binder_url(start, repo)
+    badges = [f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab})",
+              f"[![Launch Binder](https://mybinder.org/badge_logo.svg)]({binder})"]
+    lines = []
     if book:
-        badges.append(f"[![The book](https://img.shields.io/badge/read-the%20book-blue)]({book})")
-    badges.append(f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(start, repo)})")
-    badges.append(f"[![Binder](https://mybinder.org/badge_logo.svg)]({binder_url(start, repo)})")
-    return " ".join(badges)
+        badges.insert(0, f"[![Read the book](https://img.shields.io/badge/read-the%20book-blue)]({book})")
+        lines.append(f"- **Read** every lesson, executed, with its figures, in [the book]({book}) (`make book` builds it).")
+    lines += [
+        f"- **Run in Colab**, nothing to install: [chapter 00]({colab}); every notebook links to its own. "
+        "*Runtime > Change runtime type* lends a GPU, on which chapters 07, 08 and 10 run their CUDA kernels. "
+        "Your work lives in the notebook: *File > Save a copy in Drive*.",
+        f"- **Run in Binder**, nothing to install: [the course in JupyterLab]({binder}), on a CPU, "
+        "for as long as the session lasts.",
+        "- **Run on your machine** with the two commands below: your work is kept in `work/`, and `course status` follows it.",
+    ]
+    return " ".join(badges) + "\n\n" + "\n".join(lines)
 
 
 def _readme_text(text, repo):
-    block = f"{README_BEGIN}\n{readme_badges(repo)}\n{README_END}"
+    block = f"{README_BEGIN}\n{readme_block(repo)}\n{README_END}"
     pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
     return pattern.sub(lambda _: block, text) if pattern.search(text) else text
 
