@@ -39,9 +39,11 @@ def _installed(name):
         return None
 
 
-def to_install(installed=_installed):
+def to_install(installed=None):
     """The "name==version" requirements this runtime still lacks: the `install` table's packages that
-    are not there at that version, and the `install-if-missing` ones that are not there at all."""
+    are not there at that version, and the `install-if-missing` ones that are not there at all.
+    installed(name) -> version or None (by default, what importlib.metadata finds)."""
+    installed = installed or _installed
     table = versions()
     todo = [f"{n}=={v}" for n, v in table["install"].items() if installed(n) != v]
     todo += [f"{n}=={v}" for n, v in table["install-if-missing"].items() if installed(n) is None]
