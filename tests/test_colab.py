@@ -255,3 +255,17 @@ def test_the_probe_kernel_runs(monkeypatch):
     """The probe's own kernel, run on the simulator (the GPU path is the same code)."""
     ok, err = device.probe(env={"NUMBA_ENABLE_CUDASIM": "1"})
     assert ok, err
+
+
+# ---- Binder -------------------------------------------------------------------------------------
+
+def test_binder_builds_the_conda_environment_and_sets_the_course_up():
+    """Binder installs environment.yml (which installs the library itself), then runs postBuild, whose
+    `course setup` makes work/, where the Binder links open the learner's copies."""
+    env = (REPO_DIR / "environment.yml").read_text()
+    assert "- -e ." in env and "graphviz" in env
+    post = REPO_DIR / "postBuild"
+    assert post.stat().st_mode & 0o111, "postBuild must be executable"
+    assert [line for line in post.read_text().splitlines() if line and not line.startswith("#")] == [
+        "set -euo pipefail", "course setup"]
+    assert "labpath=work%2F" in launch.binder_url("notebooks/00_welcome.ipynb")

@@ -18,11 +18,19 @@ class Unsupported(NotImplementedError):
     """The engine has no kernel for this op, opset, attribute or dtype. Never a wrong answer."""
 
 
+def _attribute_names(fn):
+    """The kernel's keyword-only parameters (the ONNX attributes it accepts), or None when it takes any.
+    A numpy ufunc takes none; before numpy 2.3 (Colab ships 2.1) ufuncs have no signature to read."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except ValueError:
+        return set()
+    return None if any(p.kind is p.VAR_KEYWORD for p in params) else {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+
+
 def register(op_type, since=1, domain=""):
     def add(fn):
-        params = inspect.signature(fn).parameters.values()
-        names = None if any(p.kind is p.VAR_KEYWORD for p in params) else \
-            {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+        names = _attribute_names(fn)
         versions = KERNELS.setdefault((domain, op_type), [])
         versions.append((since, fn, names))
         versions.sort(key=lambda v: v[0])
