@@ -16,6 +16,7 @@ and CI runs that after `make test`. Needs Debian's `chromium`; skipped visibly w
 the `[book]` packages, except in CI, where it fails instead.
 """
 
+import contextlib
 import functools
 import http.server
 import json
@@ -60,12 +61,19 @@ def site(tmp_path_factory, in_ci):
                             "-d", str(out / "doctrees"), str(REPO_DIR / "book"), str(out / "html")],
                            capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, f"the book did not build cleanly:\n{build.stderr[-4000:]}"
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out / "html"))
+    with _serve(out / "html") as base:
+        yield out / "html", base
+
+
+@contextlib.contextmanager
+def _serve(folder):
+    """A static file server for `folder` on 127.0.0.1; yields its base URL."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
     handler.log_message = lambda *args: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield out / "html", f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
 
@@ -216,3 +224,21 @@ def test_chapter_page(site, browser, links, lesson):
         assert page.locator(f'a[href="{colab}"]').count() >= 1, f"{lesson.name}: no link that opens it in Colab"
     finally:
         page.close()
+
+
+def test_the_page_checks_see_what_they_look_for(browser, tmp_path):
+    """A page with each fault the chapter pages are checked for: every one is reported."""
+    (tmp_path / "ok.html").write_text('<html><body><p id="here">here</p></body></html>')
+    (tmp_path / "bad.html").write_text("""<html><head><link rel="icon" href="data:,"></head><body>
+        <a href="ok.html#here">fine</a> <a href="ok.html#nowhere">no anchor</a> <a href="missing.html">no page</a>
+        <img src="https://cdn.example.org/figure.png"> <img src="gone.png">
+        <script>console.error("boom")</script></body></html>""")
+    with _serve(tmp_path) as base:
+        page, problems = _open(browser, f"{base}/bad.html")
+        problems += _check_links(page, page.url, _Links(base))
+        page.close()
+    found = "\n".join(problems)
+    for fault in ["request to another host: https://cdn.example.org/figure.png", "HTTP 404", "console error: boom",
+                  "missing.html: no such file", "no anchor #nowhere"]:
+        assert fault in found, f"not reported: {fault}\n{found}"
+    assert "ok.html#here" not in found
