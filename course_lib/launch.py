@@ -110,12 +110,10 @@ def with_launch_cells(nb, path, repo=REPO_DIR):
     nb = nbformat.from_dict(nb)
     ids = [c.get("id") for c in nb.cells]
     if LINKS_ID in ids and SETUP_ID in ids:
-        for new in (links, setup):
-            old = nb.cells[ids.index(new.id)]
-            new.outputs = old.get("outputs", []) if new.cell_type == "code" else None
-            if new.outputs is None:
-                del new["outputs"]
-            nb.cells[ids.index(new.id)] = new
+        # what a run left in the cell (`course execute` runs it: outside Colab it prints nothing) stays
+        old = nb.cells[ids.index(SETUP_ID)]
+        setup.execution_count, setup.outputs = old.get("execution_count"), old.get("outputs", [])
+        nb.cells[ids.index(LINKS_ID)], nb.cells[ids.index(SETUP_ID)] = links, setup
         return nb
     nb.cells = [c for c in nb.cells if c.get("id") not in (LINKS_ID, SETUP_ID)]
     at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
