@@ -158,8 +158,8 @@ def run_cases(cases, env, report, t0):
         start = time.monotonic()
         try:
             check = fn(env)
-            r = Result(group, name, check.decide(), check.err, check.bound, check.note)
-            if r.status in ("PASS", "FAIL") and check.status == "":
+            r = Result(group, name, check.decide(), note=check.note)
+            if not check.status:                 # a measured case: show the error and its bound
                 r.err, r.bound = check.err, check.bound
         except Skip as e:
             r = Result(group, name, "SKIP", note=str(e))
@@ -297,11 +297,11 @@ def main(argv=None):
     info = facts(simulated)
     for k, v in info.items():
         say(f"  {k}: {v}")
+    missing = gpu_cases.check_imports()
+    for line in missing:
+        say(f"  import FAILED: {line}")
+    say("imports: " + ("all fine" if not missing else f"{len(missing)} failed"))
     if args.check_imports:
-        missing = gpu_cases.check_imports()
-        for line in missing:
-            say(f"  import FAILED: {line}")
-        say("imports: " + ("all fine" if not missing else f"{len(missing)} failed"))
         return 1 if missing else 0
 
     out = args.out or (Path(tempfile.gettempdir()) / "course_gpu_verify_simulated.md" if simulated
@@ -309,6 +309,8 @@ def main(argv=None):
     report = Report(out, info)
     env = gpu_cases.Env(simulated, Budget(args.time_budget))
     say(f"report: {out}")
+    if missing:
+        report.results.append(Result("imports", "course modules", "FAIL", note="; ".join(missing)))
     run_cases([c for c in gpu_cases.CASES if c[0] in args.only], env, report, t0)
     run_figures([f for f in gpu_cases.FIGURES if f[0] in args.only], env, report, t0)
     report.write(finished=True)
