@@ -20,6 +20,7 @@ eps is float32's machine epsilon, 1.19e-7.
 import math
 import statistics
 import time
+import warnings
 import zlib
 
 from course_lib import device
@@ -41,6 +42,11 @@ from course_lib.mamba.scan import selective_scan_sequential  # noqa: E402
 from course_lib.tensor import TensorData, scalar_ops  # noqa: E402
 
 EPS = float(np.finfo(np.float32).eps)
+
+# Numba's advice about small grids and host arrays is about speed, and these cases use both on purpose;
+# hundreds of such lines would bury the results in a log read from its end.
+warnings.filterwarnings("ignore", message=r".*(under-utilization|Host array used in CUDA kernel)")
+warnings.filterwarnings("ignore", message=r".*overflow encountered in cast")      # the inf and nan case
 
 
 class Env:
@@ -693,8 +699,12 @@ TIMING_NOTE = ("Median of interleaved rounds after an untimed first call (compil
 @figure("matmul", "Tiled matmul against cuBLAS (float32, TF32 off)",
         ["n", "naive ms", "tiled ms", "cuBLAS ms", "tiled GFLOP/s", "cuBLAS GFLOP/s", "tiled / cuBLAS time"])
 def fig_matmul(env, fig):
-    if env.torch_cuda:
-        torch.backends.cuda.matmul.allow_tf32 = False    # a float32 peer, as the kernel computes
+    if env.torch_cuda:                                    # a float32 peer, as the kernel computes: no TF32
+        matmul = torch.backends.cuda.matmul
+        if hasattr(matmul, "fp32_precision"):
+            matmul.fp32_precision = "ieee"
+        else:
+            matmul.allow_tf32 = False
     repeats = env.size(5, 1)
     fig.notes += [f"n x n float32 matrices already on the device; {TIMING_NOTE}",
                   "cuBLAS is torch.matmul on the GPU" if env.torch_cuda else
