@@ -396,7 +396,12 @@ def _(env):
     ref = torch.relu(x64 + b64.view(1, -1, 1, 1))
     rdx, rdb = torch.autograd.grad(ref, (x64, b64), dy.double())
     inner = x[0, 0].numel() * x.shape[0]
-    where_ = "zero-copy CUDA tensors" if x.is_cuda else "numpy views (torch has no CUDA, or simulator)"
+    where_ = "numpy views (torch has no CUDA, or simulator)"
+    if x.is_cuda:
+        view = numba_cuda.kernel_view(x.detach())
+        if view.device_ctypes_pointer.value != x.data_ptr():
+            return Check(math.inf, 0.0, "the kernel's view of a CUDA tensor is a copy, not the tensor's memory")
+        where_ = "CUDA tensors, zero-copy (the kernel's view shares the tensor's memory)"
     return worst([("y", y, ref, EPS * amax(ref)), ("dx", dx, rdx, 0.0),
                   ("db", db, rdb, inner * EPS * amax(dy))], f"shape {tuple(x.shape)}, {where_}")
 
