@@ -24,6 +24,14 @@ Progress is printed (flushed) case by case and the report is rewritten after eac
 cut off still shows how far it got. Under --simulate (NUMBA_ENABLE_CUDASIM=1) the sizes are toys and
 the timings mean nothing: the run exists so that tests/test_gpu_verify.py keeps this script working.
 Without --simulate the device is chosen by course_lib.device (a GPU when the driver finds one).
+Before spending GPU time, `gpu_compile_only.py` compiles every kernel these cases launch for the GPU's
+architecture on a machine without one (it needs the CUDA toolkit's compilers).
+
+On the course's GPU machine, one call does it all (a few minutes, the .cu op's first build included;
+the report and the log come back in $OUT):
+
+    set -o pipefail; PYTHONUNBUFFERED=1 PYTHONPATH=. python3 benchmarks/gpu_verify.py --time-budget 240 \
+        --out $OUT/RESULTS_gpu.md 2>&1 | tee $OUT/gpu_verify.log
 """
 
 import argparse

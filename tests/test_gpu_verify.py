@@ -201,3 +201,32 @@ def test_no_course_kernel_sizes_an_array_with_an_expression():
     assert len(kernels) > 20
     for k in kernels:
         assert _non_constant_sizes(k.py_func) == (), k.py_func.__name__
+
+
+def _toolkit_missing():
+    """Why gpu_compile_only.py cannot run here, or "" when the CUDA toolkit's compilers are all present."""
+    import ctypes
+    import shutil
+
+    if not (shutil.which("ptxas") or Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "ptxas").exists()):
+        return "no ptxas"
+    for lib in ("libnvrtc.so.13", "libnvrtc.so.12"):
+        try:
+            ctypes.CDLL(lib)
+            return ""
+        except OSError:
+            pass
+    return "no libnvrtc on the library path"
+
+
+def test_every_puzzle_compiles_for_a_gpu_without_one():
+    """The compile-only check (numba's real CUDA target, NVVM and ptxas, no driver) where the toolkit is installed."""
+    missing = _toolkit_missing()
+    if missing:
+        pytest.skip(f"benchmarks/gpu_compile_only.py needs the CUDA toolkit's compilers: {missing}")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    out = subprocess.run([sys.executable, str(SCRIPT.parent / "gpu_compile_only.py"), "--only", "puzzles,matmul"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "0 refused" in out.stdout and "ok: k_pool3" in out.stdout
