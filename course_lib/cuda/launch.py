@@ -135,7 +135,11 @@ def _non_constant_sizes(fn):
     except (OSError, TypeError, SyntaxError):
         return ()                                           # no source to read: the compiler will tell
     outside = dict(fn.__globals__)
-    outside.update(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            outside[name] = cell.cell_contents
+        except ValueError:                                  # a closure variable not bound yet
+            pass
     local_ints = _locals_assigned_only_ints(tree)
 
     def constant(node):
