@@ -12,7 +12,7 @@ PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile \
 # folder, on the course kernel (as `course lab` runs them), so a path that works only from the repo fails.
 LEARNER := .learner-path
 
-.PHONY: lab test test-fast test-book book sweep status check reset build setup clean-venv
+.PHONY: lab test test-fast test-book test-package book sweep status check reset build setup clean-venv
 
 lab: $(STAMP)
 	$(BIN)/course lab
@@ -24,13 +24,13 @@ test: $(STAMP)
 	$(BIN)/ruff check course_lib tests benchmarks
 	$(BIN)/course build --check
 	$(BIN)/course stage $(LEARNER)
-	$(TEST_ENV) COURSE_WORKSPACE=$(CURDIR)/$(LEARNER) $(PYTEST) -m "not book" tests $(LEARNER)/notebooks $(LEARNER)/exercises $(PYTEST_ARGS)
+	$(TEST_ENV) COURSE_WORKSPACE=$(CURDIR)/$(LEARNER) $(PYTEST) -m "not book and not package" tests $(LEARNER)/notebooks $(LEARNER)/exercises $(PYTEST_ARGS)
 	@echo "The checks against wrong implementations again, on other random cases (seed 7):"
 	$(TEST_ENV) COURSE_CHECK_SEED=7 $(BIN)/python -m pytest -q -n 2 tests/test_ch0*_checks.py
 
 # Unit tests only (no notebooks, no browser): a quick loop while writing course_lib.
 test-fast: $(STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest -n 2 -m "not browser" tests --ignore=tests/test_notebooks.py $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -n 2 -m "not browser and not package" tests --ignore=tests/test_notebooks.py $(PYTEST_ARGS)
 
 # The book: the executed lessons as a static site in build/book/html (Sphinx and myst-nb; nothing is
 # re-executed). Its packages are the optional group `book` of pyproject.toml; MathJax comes from npm once.
@@ -43,6 +43,11 @@ book: $(BOOK_STAMP)
 # its figures and math render, no internal link is broken (about a minute; CI runs it after `make test`).
 test-book: $(BOOK_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m book tests/test_book.py $(PYTEST_ARGS)
+
+# The course as a package: the library built as a wheel, installed (not editable) where no clone is, runs
+# a lesson and a solved exercise notebook copied alone into an empty folder (CI runs it after `make test`).
+test-package: $(STAMP)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m package tests/test_wheel.py $(PYTEST_ARGS)
 
 $(BOOK_STAMP): pyproject.toml | $(STAMP)
 	$(BIN)/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["book"]))' > $(VENV)/book-requirements.txt

@@ -9,6 +9,9 @@ editable install there is not seen: `import course_lib` can only find the wheel'
 lesson that reads a file shipped beside the library (lesson 09 prints the ONNX conformance report)
 and a solved exercise notebook run from an empty folder, on a kernel of that environment, and the
 library's commands that need the course's folder say so.
+
+Not part of `make test` (it builds a wheel and starts two kernels: about a minute on an idle machine):
+`make test-package` runs it, and CI runs that after `make test`.
 """
 
 import os
@@ -22,6 +25,8 @@ import nbformat
 import pytest
 
 from course_lib import REPO_DIR
+
+pytestmark = pytest.mark.package
 
 SOURCES = ["pyproject.toml", "setup.py", "README.md", "course_lib", "benchmarks"]
 
