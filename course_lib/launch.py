@@ -85,7 +85,7 @@ def links_text(path, repo=REPO_DIR):
 
 def setup_source(repo=REPO_DIR):
     return (
-        "# In Colab only (elsewhere this cell does nothing): install the course's library, under a minute.\n"
+        "# In Colab only (elsewhere this cell does nothing): install the course's library (it says how long it took).\n"
         "import subprocess, sys\n"
         "if \"google.colab\" in sys.modules:\n"
         "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", \"--no-deps\",\n"
