@@ -356,6 +356,7 @@ def ddp(your_DDP):
                             f"{i} is not rank 0's (every rank built its model from its own seed)",
                             hint="in __init__, broadcast every parameter from rank 0 (dist.broadcast, under "
                                  "torch.no_grad()), so that all ranks start from the same weights")
+            for rank, result in enumerate(results):
                 _check_overlap(f"{where}, rank {rank}", result["log"], expected_buckets(numels, bucket_bytes), numels)
                 for i, (yours, exp) in enumerate(zip(result["params"], expected)):
                     assert_close(yours, exp, what=f"{where}, rank {rank}: parameter {i} after {steps} SGD steps "
@@ -473,6 +474,10 @@ def zero_optimizer(your_ZeroOptimizer):
 
 # ---- 4. Megatron's f and g -------------------------------------------------------------------------
 
+def _name(obj):
+    return obj.name if isinstance(obj, Code) else obj.__name__
+
+
 def _is_function(obj):
     return isinstance(obj, type) and issubclass(obj, torch.autograd.Function)
 
@@ -507,7 +512,7 @@ def f_and_g(your_CopyToParallel, your_ReduceFromParallel):
     seed = int(rng().integers(1 << 20))
     shapes = [(1,), (2, 5), (int(rng().integers(2, 6)), 3, int(rng().integers(1, 5)))]
     ps = world_sizes((3,))
-    names = {"f": your_CopyToParallel.__name__, "g": your_ReduceFromParallel.__name__}
+    names = {"f": _name(your_CopyToParallel), "g": _name(your_ReduceFromParallel)}
     for p in ps:
         per_rank = _run(p, "_fg_job", [your_CopyToParallel, your_ReduceFromParallel], shapes=shapes, seed=seed)
         for name, ok in per_rank[0]["kinds"].items():

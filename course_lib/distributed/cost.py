@@ -26,20 +26,22 @@ def ring_seconds(n_bytes, world_size, latency, bandwidth):
 
 
 def fit(messages, sent_bytes, seconds):
-    """Least squares for (latency, bandwidth) in seconds = messages·latency + sent_bytes/bandwidth.
+    """Least squares for (latency, bandwidth) in seconds = messages·latency + sent_bytes/bandwidth, over all sizes.
 
-    Each row is weighted by 1/seconds, so a 10 us timing counts as much as a 10 ms one (relative
-    errors). A coefficient the data push below zero is pinned at zero and the other refitted.
-    Returns (latency in seconds, bandwidth in bytes/s; None when the times do not grow with size).
+    Each row is divided by its time, so the fit weighs relative errors: a 10 us timing counts as much
+    as a 10 ms one, and the small sizes fix the latency while the large ones fix the bandwidth. A
+    coefficient the data push below zero is pinned at zero and the other refitted.
+    Returns (latency in seconds, bandwidth in bytes/s; None when the bytes explain less than 5% of the
+    longest time: the times do not grow with size, and any bandwidth read off them would be noise).
     """
     m, b, t = (np.asarray(v, dtype=float) for v in (messages, sent_bytes, seconds))
-    a = np.stack([m, b], axis=1) / t[:, None]
-    (latency, inverse), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    rows, ones = np.stack([m, b], axis=1) / t[:, None], np.ones_like(t)
+    latency, inverse = np.linalg.lstsq(rows, ones, rcond=None)[0]
     if latency < 0:
-        latency, inverse = 0.0, float(np.linalg.lstsq(a[:, 1:], np.ones_like(t), rcond=None)[0][0])
-    if inverse <= 0:
-        latency, inverse = float(np.linalg.lstsq(a[:, :1], np.ones_like(t), rcond=None)[0][0]), 0.0
-    return float(latency), (1 / inverse if inverse > 0 else None)
+        latency, inverse = 0.0, np.linalg.lstsq(rows[:, 1:], ones, rcond=None)[0][0]
+    if inverse * b.max() < 0.05 * t.max():   # the bytes explain (almost) nothing: no bandwidth to read off
+        return float(np.linalg.lstsq(rows[:, :1], ones, rcond=None)[0][0]), None
+    return float(latency), float(1 / inverse)
 
 
 def ring_schedule(world_size):

@@ -89,11 +89,13 @@ def carry(obj):
     A notebook's function or class travels as its source with its helpers; one from a module loaded
     from a file outside the import path (your saved work/yours/chNN.py) travels as that whole file.
     """
+    if isinstance(obj, Code):
+        return obj
     if defined_here(obj) is not None:
         return Code.of(obj)
     module = sys.modules.get(getattr(obj, "__module__", None) or "")
     path = getattr(module, "__file__", None)
-    if path and importlib.machinery.PathFinder.find_spec(module.__name__) is None:
+    if path and importlib.machinery.PathFinder.find_spec(module.__name__.partition(".")[0]) is None:
         with open(path, encoding="utf-8") as f:
             return Code(f.read(), obj.__name__, path)
     return obj

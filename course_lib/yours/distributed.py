@@ -43,10 +43,11 @@ class Parts:
         Returns ({run name: the global loss of each step}, [one process's loss of each step])."""
         pieces = {name: carry(piece) for name, piece in self.pieces.items()}   # the course's MLP takes your f, g
         per_rank = launch(train.all_three, world_size, steps, pieces, rows, seed, timeout=60, wall_timeout=300)
-        runs = {NAMES[name] if self._ran_mine(name) else name: losses for name, losses in per_rank[0].items()}
+        runs = {NAMES[name] if self.runs_yours(name) else name: losses for name, losses in per_rank[0].items()}
         return runs, problems.train_gpt(steps, rows, seed)
 
-    def _ran_mine(self, run):
+    def runs_yours(self, run):
+        """Whether any of your pieces runs in `run` ("ring", "ddp + zero" or "tensor parallel")."""
         needs = {"ring": ["ring_all_reduce"], "ddp + zero": ["DDP", "ZeroOptimizer"],
                  "tensor parallel": ["ParallelMLP", "CopyToParallel", "ReduceFromParallel"]}[run]
         return any(self.mine(name) for name in needs)
