@@ -71,8 +71,9 @@ def _your_frames(error, codes):
 
 
 def _worker(job, codes, kwargs):
-    """What each rank runs: the job, on your code."""
-    return globals()[job](*[resolve(c) for c in codes], **kwargs)
+    """What each rank runs: the job, on your code (which each job loads inside its instruments, so that even
+    a `from torch.distributed import ...` of yours goes through them)."""
+    return globals()[job](*codes, **kwargs)
 
 
 def _flat(tensors):
@@ -135,6 +136,7 @@ class _Watch:
 def _ring_job(ring, shapes, seed):
     watch, out = _Watch(), []
     with watch.patches:
+        ring = resolve(ring)
         for shape in shapes:
             x = ring_tensor(shape, dist.get_rank(), seed)
             start_sent = len(watch.sent)
@@ -242,6 +244,7 @@ def _ddp_job(DDP, cases, steps, rows, seed):
         return all_reduce(tensor, op=op, group=group, async_op=async_op)
 
     with _patched(dist, all_reduce=watched_all_reduce), _patched(c10d, all_reduce=watched_all_reduce):
+        DDP = resolve(DDP)
         for sizes, bucket_bytes in cases:
             log.clear()
             model = mlp(sizes, seed + rank)   # different on each rank: the broadcast must fix that
@@ -385,7 +388,7 @@ def state_numbers(optimizer):
 
 
 def _zero_job(Zero, cases, steps, rows, seed):
-    results = []
+    Zero, results = resolve(Zero), []
     for sizes, name in cases:
         cls, hyper = OPTIMIZERS[name]
         model = mlp(sizes, seed)                                  # the same on every rank
@@ -483,7 +486,7 @@ def _is_function(obj):
 
 
 def _fg_job(f, g, shapes, seed):
-    rank, out = dist.get_rank(), []
+    f, g, rank, out = resolve(f), resolve(g), dist.get_rank(), []
     kinds = {"f": _is_function(f), "g": _is_function(g)}
     if not all(kinds.values()):
         return {"kinds": kinds}
@@ -586,7 +589,7 @@ def _x_grad_of_one_slice(layer, x, weight, lo, hi):
 
 
 def _mlp_job(ParallelMLP, cases):
-    results = []
+    ParallelMLP, results = resolve(ParallelMLP), []
     for n_embd, rows, seq, seed in cases:
         layer, x, weight = tp_case(n_embd, rows, seq, seed)
         tp = ParallelMLP(layer)

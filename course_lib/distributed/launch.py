@@ -1,6 +1,6 @@
 """Start a group of worker processes, collect what each returns, and never leave one behind.
 
-    results = launch(workers.ring_matches_all_reduce, 3, [5, 7, 64])   # one result per rank
+    results = launch(timing.time_collectives, 3, {"gloo": dist.all_reduce}, [64, 4096])   # one result per rank
 
 Each worker is a fresh Python process. On Linux it is forked from a *fork server*: a clean process,
 started once per notebook (or test run), that has already imported torch. Importing torch takes
@@ -9,8 +9,9 @@ of the notebook itself would inherit its threads and, on a GPU, its CUDA context
 neither.) Elsewhere (macOS, Windows) each worker is spawned: a fresh interpreter, slower to start.
 Either way the worker finds the function to run by its module and name, so it must live in an
 importable file: a function typed into a notebook cannot be found that way, and `Code.of(fn)`
-carries its source over instead (`carry(obj)` picks what fits). The server keeps the course's modules
-as they were when it started: after editing course_lib, restart the kernel.
+carries its source over instead (`carry(obj)` picks what fits). The server keeps the modules it
+preloaded as they were when it started: after editing course_lib, restart the kernel. A worker's
+prints and warnings go where the notebook's own low-level output goes (under Jupyter, the cell).
 
 Why the care:
 - the rendezvous (a small key-value store where the workers exchange addresses) is served by the
