@@ -304,9 +304,11 @@ def _check_overlap(where, log, buckets, numels):
             k = end + 1
             continue
         require(sends, f"{what}: no bucket was sent during backward ({len(buckets)} bucket(s), all complete by the "
-                "end of it): the all-reduces came later", hint="send each bucket from the gradient hook as soon as its "
-                "last gradient lands, so the communication of the last layers overlaps the backward of the first ones; "
-                "finish() only waits")
+                "end of it)" + (": the all-reduces came later" if step == 0 else ", though an earlier step's were"),
+                hint="send each bucket from the gradient hook as soon as its last gradient lands, so the "
+                     "communication of the last layers overlaps the backward of the first ones; finish() only waits"
+                     + ("" if step == 0 else ". If step 0 sent them, what you count per bucket was not started "
+                        "afresh for this backward (after finish(), and not during no_sync)"))
         require([e[1] for e in sends] == sizes[:len(sends)] and len(sends) == len(sizes),
                 f"{what}: your all-reduces carried {[e[1] for e in sends]} numbers, in that order; with these "
                 f"parameters and bucket_bytes the buckets hold {sizes}",
