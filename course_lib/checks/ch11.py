@@ -25,10 +25,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng
-from course_lib.distributed.launch import Code, WorkerError, carry, launch, resolve
+from course_lib.distributed.launch import Code, WorkerError, carry, launch, preload, resolve
 from course_lib.gpt.model import MLP, GPTConfig
 
-TIMEOUT = 20   # seconds a rank may wait for a message before the run is stopped
+TIMEOUT = 30   # seconds a rank may wait for a message before the run is stopped
+preload(__name__)   # the workers run the jobs below: forked with this module already imported
 
 
 def world_sizes(default):

@@ -112,6 +112,13 @@ def run_all(cases):
     return [resolve(fn)(**kwargs) for fn, kwargs in cases]
 
 
+def preload(*modules):
+    """Have the fork server import `modules` too, so that workers start with them loaded (the modules their
+    jobs live in: a worker that imports them itself, under load, may reach a collective seconds after the
+    others). Effective until the first launch of this process starts the server."""
+    PRELOAD.extend(m for m in modules if m not in PRELOAD)
+
+
 def _context():
     """Fork from a server that preloaded torch where that is safe (Linux); spawn a fresh interpreter elsewhere."""
     if sys.platform.startswith("linux"):

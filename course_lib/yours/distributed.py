@@ -19,11 +19,13 @@ file (`launch.carry`), and runs there as it ran in its check.
 from course_lib import yours
 from course_lib.distributed import collectives, ddp, problems, train, zero
 from course_lib.distributed import tensor_parallel as tp
-from course_lib.distributed.launch import carry, launch
+from course_lib.distributed.launch import carry, launch, preload
 
 COURSE = {"ring_all_reduce": collectives.ring_all_reduce, "DDP": ddp.DDP, "ZeroOptimizer": zero.ZeroOptimizer,
           "CopyToParallel": tp.CopyToParallel, "ReduceFromParallel": tp.ReduceFromParallel,
           "ParallelMLP": tp.ParallelMLP}
+
+preload(train.__name__)
 
 NAMES = {"ring": "your ring", "ddp + zero": "your DDP + ZeRO-1", "tensor parallel": "your tensor parallel"}
 
