@@ -55,7 +55,7 @@ $(BOOK_STAMP): pyproject.toml | $(STAMP)
 	touch $(BOOK_STAMP)
 
 # Opt-in: the slow tests: the checks against wrong implementations under 50 seeds (about 45 minutes
-# on 2 cores), and the ring all-reduce at world size 4.
+# on 2 cores), and chapter 11's checks at world sizes 2, 3 and 4 (references and more mistakes).
 sweep: $(STAMP)
 	$(BIN)/python -m pytest -q --slow -m slow tests
 
