@@ -4,12 +4,12 @@ Two ops registered with torch.library.custom_op (chapter 08 explains the machine
 
 - `course::attention` returns (out, lse): the Numba kernel on CPU tensors (attention_cpu.py), the
   Numba CUDA kernel on CUDA tensors (attention_cuda.py). lse (B, H, Tq) is what the backward needs.
-- `course::attention_backward` returns (dq, dk, dv) from q, k, v, lse, dO and delta.
+- `course::attention_backward` returns (dq, dk, dv) from q, k, v, out, lse and dO.
 
-The autograd formula computes delta_i = rowsum(dO_i * O_i) with ordinary torch ops. lse is an output
-too, and has a gradient of its own when someone uses it: d lse_i / d s_ij = P_ij, which adds
-g_i * P_ij to dS_ij = P_ij (dP_ij - delta_i); that is the same formula with delta_i - g_i. So the
-backward kernels serve both outputs unchanged.
+The backward is an op of its own, not Python code inside the autograd formula, because torch.compile
+and `opcheck` trace the backward with fake tensors, which have no numbers to hand to Numba. lse is an
+output so that the backward can have it, and it is marked non-differentiable: its gradient would add
+g_i P_ij to every dS_ij, an input the kernels do not take.
 
 `naive_attention` is the textbook version that materializes the (B, H, Tq, Tk) scores: the
 reference the fused op is measured against.
@@ -48,22 +48,22 @@ def _(q, k, v, causal, scale):
 
 
 @torch.library.custom_op("course::attention_backward", mutates_args=(), device_types="cpu")
-def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
-                       delta: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv), recomputing the probabilities tile by tile from lse."""
-    grads = attention_cpu.backward(_flat(q), _flat(k), _flat(v), _flat(do), _flat(lse), _flat(delta), causal, scale)
+    grads = attention_cpu.backward(_flat(q), _flat(k), _flat(v), _flat(out), _flat(do), _flat(lse), causal, scale)
     return tuple(torch.from_numpy(g).view(t.shape) for g, t in zip(grads, (q, k, v)))
 
 
 @attention_backward.register_kernel("cuda")
-def _(do, q, k, v, lse, delta, causal, scale):
+def _(do, q, k, v, out, lse, causal, scale):
     from course_lib.fused import attention_cuda
 
-    return attention_cuda.backward(q, k, v, do, lse, delta, causal, scale)
+    return attention_cuda.backward(q, k, v, do, lse, (do * out).sum(-1), causal, scale)
 
 
 @attention_backward.register_fake
-def _(do, q, k, v, lse, delta, causal, scale):
+def _(do, q, k, v, out, lse, causal, scale):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -71,13 +71,13 @@ def _setup_context(ctx, inputs, output):
     q, k, v, causal, scale = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)       # O(T d) per head: no T x T matrix is kept
+    ctx.mark_non_differentiable(lse)
     ctx.causal, ctx.scale = causal, scale
 
 
-def _backward(ctx, dout, dlse):
+def _backward(ctx, dout, _):
     q, k, v, out, lse = ctx.saved_tensors
-    delta = (dout * out).sum(-1) - dlse            # rowsum(dO * O), minus lse's own gradient (docstring)
-    dq, dk, dv = attention_backward(dout.contiguous(), q, k, v, lse, delta.contiguous(), ctx.causal, ctx.scale)
+    dq, dk, dv = attention_backward(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None
 
 
