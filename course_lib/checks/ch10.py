@@ -178,7 +178,8 @@ def fused_scan(your_fused_scan):
             "the state is not carried from step to step: h_t = exp(delta_t A) h_(t-1) + ..., with h kept "
             "between steps": _readout(_scan_states(x, delta, A, Bm, carry=False), Cm, x, Dk),
             "the D skip is missing: y_t = C_t . h_t + D x_t": _readout(states, Cm, x, Dk, skip=False),
-            "you forgot the exp: the state decays by exp(delta_t A)": _readout(_scan_states(x, delta, A, Bm, exp=False), Cm, x, Dk),
+            "you forgot the exp: the state decays by exp(delta_t A)":
+                _readout(_scan_states(x, delta, A, Bm, exp=False), Cm, x, Dk),
             "the input term is delta_t x_t B_t; you left out delta":
                 _readout(_scan_states(x, delta, A, Bm, delta_in_b=False), Cm, x, Dk)})
         _require_written(h_last, f"h_last {what}", "write each pair's state after its last step into h_last[b, d]")
@@ -285,8 +286,9 @@ def _forward_mistakes(q, k, v, causal, scale, BK):
         mistakes["query i sees keys 0 .. i + Tk - Tq, itself included: the mask is off by one"] = \
             _attention_np(q, k, v, causal, scale, shift=1)[:2]
         if Tq < Tk:
-            mistakes["the Tq queries are the LAST Tq of the Tk positions (a KV cache holds the earlier keys): "
-                     "query i sees keys 0 .. i + Tk - Tq, not 0 .. i"] = _attention_np(q, k, v, causal, scale, first_keys=True)[:2]
+            hint = ("the Tq queries are the LAST Tq of the Tk positions (a KV cache holds the earlier keys): "
+                    "query i sees keys 0 .. i + Tk - Tq, not 0 .. i")
+            mistakes[hint] = _attention_np(q, k, v, causal, scale, first_keys=True)[:2]
     elif Tq == Tk:
         mistakes["causal=False: every query sees every key, no mask"] = _attention_np(q, k, v, True, scale)[:2]
     return mistakes
@@ -519,12 +521,15 @@ def _op_case(op, B, H, Tq, Tk, d, causal, what, contiguous=False):
 
 
 @exercise
-def attention_op(your_register, your_forward, your_backward):
+def attention_op(your_register):
     """register(name, forward_kernel, backward_kernel) -> a custom op (out, lse) = op(q, k, v, causal, scale)
     with a fake and an autograd formula: values and gradients against SDPA (float64) on transposed views,
-    float32, and torch.library.opcheck."""
+    float32, and torch.library.opcheck. The kernels registered are the course's, so that this check tests
+    the registration alone (the exercises' closing cells register yours)."""
+    from course_lib.fused import attention_cpu
+
     name = f"course_check{next(_names)}_{int(rng().integers(1 << 30))}::flash_attention"
-    op = your_register(name, your_forward, your_backward)
+    op = your_register(name, attention_cpu.forward_kernel, attention_cpu.backward_kernel)
     require(isinstance(op, torch._library.custom_ops.CustomOpDef),
             f"register_flash_attention should return what @torch.library.custom_op made, got {op!r}.",
             hint="decorate the forward with @torch.library.custom_op(name, mutates_args=()) and return it.")
