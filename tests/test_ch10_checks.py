@@ -91,8 +91,9 @@ def test_fused_scan_rejects():
 # ---- 3. and 4. FlashAttention in numpy, right and wrong ---------------------------------------
 
 def flash_numpy(q, k, v, out, lse, scale, causal, BQ, BK, shift=0, first_keys=False, drop_last=False,
-                no_scale=False, lse_is_m=False, skip_last_rows=False, whole=False):
-    """Tiled attention with the online softmax in numpy; whole=True builds each head's (T, T) scores."""
+                no_scale=False, lse_is_m=False, skip_last_rows=False, whole=False, no_skip=False):
+    """Tiled attention with the online softmax in numpy; whole=True builds each head's (T, T) scores, and
+    no_skip=True visits the causal tiles above the diagonal (right values, twice the work)."""
     BH, Tq, _ = q.shape
     Tk = k.shape[1]
     offset = 0 if first_keys else Tk - Tq
@@ -111,7 +112,10 @@ def flash_numpy(q, k, v, out, lse, scale, causal, BQ, BK, shift=0, first_keys=Fa
             qi = q[h, i0:i0 + BQ]
             rows = np.arange(i0, i0 + len(qi))[:, None]
             m, den, acc = np.full(len(qi), -np.inf), np.zeros(len(qi)), np.zeros((len(qi), v.shape[2]))
-            for j0 in range(0, Tk // BK * BK if drop_last else Tk, BK):
+            k_stop = Tk // BK * BK if drop_last else Tk
+            if causal and not no_skip:
+                k_stop = max(0, min(k_stop, i0 + len(qi) + offset + shift))
+            for j0 in range(0, k_stop, BK):
                 s = qi @ k[h, j0:j0 + BK].T * scale
                 if causal:
                     s = np.where(np.arange(j0, j0 + s.shape[1])[None, :] <= rows + offset + shift, s, -np.inf)
@@ -136,6 +140,7 @@ def test_flash_forward_passes_on_the_course_kernel_and_fails_on_the_stub():
     (dict(no_scale=True), "multiplied by scale"),
     (dict(lse_is_m=True), "lse is m + log(l)"),
     (dict(skip_last_rows=True), "never written"),
+    (dict(no_skip=True), "visits key tiles above the diagonal"),   # right values, twice the work
 ])
 def test_flash_forward_rejects(mistake, match):
     with np.errstate(all="ignore"):
@@ -143,8 +148,9 @@ def test_flash_forward_rejects(mistake, match):
 
 
 def flash_backward_numpy(q, k, v, o, do, lse, dq, dk, dv, scale, causal, BQ, BK, use_delta=True, scale_dq=True,
-                         zero_dq=True, whole=False):
-    """By key tiles, recomputing P from lse, in numpy; whole=True builds each head's (T, T) P and dS."""
+                         zero_dq=True, whole=False, no_skip=False):
+    """By key tiles, recomputing P from lse, in numpy; whole=True builds each head's (T, T) P and dS, and
+    no_skip=True visits the query rows above the diagonal (right values, twice the work)."""
     BH, Tq, _ = q.shape
     Tk = k.shape[1]
     if zero_dq:
@@ -153,14 +159,16 @@ def flash_backward_numpy(q, k, v, o, do, lse, dq, dk, dv, scale, causal, BQ, BK,
         D = (do[h] * o[h]).sum(1) if use_delta else np.zeros(Tq)
         tiles = [(0, Tk)] if whole else [(j0, min(j0 + BK, Tk)) for j0 in range(0, Tk, BK)]
         for j0, j1 in tiles:
-            s = q[h] @ k[h, j0:j1].T * scale
+            r0 = max(0, j0 - (Tk - Tq)) if causal and not (no_skip or whole) else 0   # rows that see a key of the tile
+            qh, doh = q[h, r0:], do[h, r0:]
+            s = qh @ k[h, j0:j1].T * scale
             if causal:
-                s = np.where(np.arange(j0, j1)[None, :] <= np.arange(Tq)[:, None] + Tk - Tq, s, -np.inf)
-            p = np.exp(s - lse[h][:, None])
-            ds = p * (do[h] @ v[h, j0:j1].T - D[:, None])
-            dv[h, j0:j1] = p.T @ do[h]
-            dk[h, j0:j1] = ds.T @ q[h] * scale
-            dq[h] += ds @ k[h, j0:j1] * (scale if scale_dq else 1)
+                s = np.where(np.arange(j0, j1)[None, :] <= np.arange(r0, Tq)[:, None] + Tk - Tq, s, -np.inf)
+            p = np.exp(s - lse[h, r0:][:, None])
+            ds = p * (doh @ v[h, j0:j1].T - D[r0:, None])
+            dv[h, j0:j1] = p.T @ doh
+            dk[h, j0:j1] = ds.T @ qh * scale
+            dq[h, r0:] += ds @ k[h, j0:j1] * (scale if scale_dq else 1)
 
 
 def test_flash_backward_passes_on_the_course_kernel_and_fails_on_the_stub():
@@ -174,6 +182,7 @@ def test_flash_backward_passes_on_the_course_kernel_and_fails_on_the_stub():
     (dict(use_delta=False), "D_i = rowsum(dO_i * O_i)"),
     (dict(scale_dq=False), "dQ = dS K * scale"),
     (dict(zero_dq=False), "set dq to 0"),
+    (dict(no_skip=True), "visits key tiles above the diagonal"),   # right values, twice the work
 ])
 def test_flash_backward_rejects(mistake, match):
     with np.errstate(all="ignore"):

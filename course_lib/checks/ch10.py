@@ -324,7 +324,11 @@ def flash_forward(your_flash_forward):
     assert_close(out, ref_out, what="out in float32, Tq = Tk = 70, BQ = 32, BK = 16", rtol=1e-4, atol=2e-5)
     assert_close(lse, ref_lse, what="lse in float32", rtol=1e-4, atol=2e-5)
     _attention_memory(lambda q, k, v, BQ, BK: _run_forward(your_flash_forward, q, k, v, 0.25, True, BQ, BK), "forward")
-    return f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), float32, and memory"
+    _causal_skip(lambda q, k, v, BQ, BK: _run_forward(your_flash_forward, q, k, v, 0.5, True, BQ, BK)[0], "forward",
+                 "out", "when causal, a query tile's loop over key tiles stops after the tile that holds the last key "
+                 "its last row sees (row i sees keys up to i + Tk - Tq); the tiles past it are masked whole.")
+    return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), float32, memory, "
+            f"and causal tiles skipped")
 
 
 def _row_max(q, k, v, causal, scale):
@@ -354,6 +358,27 @@ def _attention_memory(run, which):
             f"{_mb(scores)}.",
             hint="keep one (BQ, BK) tile of scores per task, a few rows of state, and small buffers: the point of "
                  "the tiled kernel is that the T x T matrix never exists, not even one head's.")
+
+
+def _causal_skip(run, which, name, hint):
+    """A causal kernel that visits key tiles above the diagonal gets the right values (those scores are
+    masked, p = 0) but does up to twice the work. Made visible: NaN in v's last key tile. A row whose query
+    tile sees none of those keys stays finite in a kernel that skips the tile; 0 * NaN is NaN in one that
+    visits it. The bound leaves a whole query tile of margin, so any alignment of the tiles passes."""
+    BH, T, d, BQ, BK = 2, 48, 4, 4, 8
+    q, k, v = _attention_inputs(BH, T, T, d, d)
+    v[:, T - BK:] = np.nan
+    with np.errstate(invalid="ignore"):
+        result = run(q, k, v, BQ, BK)
+    rows = T - BK - BQ                        # rows 0 .. rows - 1 see no key of the last tile, with a tile to spare
+    bad = np.argwhere(np.isnan(result[:, :rows]).any(-1))
+    require(bad.size == 0,
+            f"your {which} kernel visits key tiles above the diagonal: with causal=True, BH = {BH}, Tq = Tk = {T}, "
+            f"BQ = {BQ}, BK = {BK} and NaN in v's last key tile (keys {T - BK} .. {T - 1}), {len(bad)} rows of "
+            f"{name} among rows 0 .. {rows - 1}, which see none of those keys, came out NaN (first: head "
+            f"{bad[0][0] if bad.size else 0}, row {bad[0][1] if bad.size else 0}). The values were right, since "
+            f"p = 0 there, but 0 * v still reads v: the work of those tiles is wasted (half of all tiles at large T).",
+            hint=hint)
 
 
 def _grads_np(q, k, v, do, causal, scale, use_delta=True, scale_dq=True, scale_dk=True, shift=0):
@@ -422,7 +447,15 @@ def flash_backward(your_flash_backward):
     def run(q, k, v, BQ, BK):
         return _run_backward(your_flash_backward, q, k, v, q, 0.25, True, BQ, BK)
     _attention_memory(run, "backward")
-    return f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), float32, and memory"
+    def probe(q, k, v, BQ, BK):            # out and lse from v without its NaN: only v's reads may bring them in
+        out, lse = _sdpa_float64(q, k, np.nan_to_num(v), True, 0.5)
+        dq, dk, dv = _nan(q.shape), _nan(k.shape), _nan(v.shape)
+        your_flash_backward(q, k, v, out, q, lse, dq, dk, dv, 0.5, True, BQ, BK)
+        return dq
+    _causal_skip(probe, "backward", "dq", "when causal, each key tile's loop over query tiles starts at the first query tile "
+                 "that sees one of its keys (the row j0 - (Tk - Tq)); the query tiles before it see none of them.")
+    return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), float32, memory, "
+            f"and causal tiles skipped")
 
 
 # ---- 5. the forward as a CUDA kernel ------------------------------------------------------------
