@@ -8,6 +8,8 @@ except that our linear layers store (out, in) where GPT-2's Conv1D stores (in, o
     logits, loss = model(idx, targets)        # idx, targets: (B, T) token ids
 """
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass
 
@@ -25,7 +27,7 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     sdpa: bool = True          # use F.scaled_dot_product_attention; False runs `causal_attention` below
-    fused: bool = False        # chapter 10's tiled attention (course_lib.fused) instead of either; no dropout
+    fused: bool = False        # a fused attention kernel (chapter 10's, see `attention_kernel`) instead; no dropout
 
 
 def causal_attention(q, k, v, dropout=None):
@@ -41,6 +43,31 @@ def causal_attention(q, k, v, dropout=None):
     weights = F.softmax(scores, dim=-1)                                      # each row sums to 1
     out = (dropout(weights) if dropout is not None else weights) @ v          # (B, H, Tq, d)
     return out, weights
+
+
+_kernel = contextvars.ContextVar("attention_kernel", default=None)
+
+
+@contextlib.contextmanager
+def attention_kernel(fn):
+    """Inside this block, models with GPTConfig(fused=True) compute attention as fn(q, k, v) -> y: causal,
+    with the Tq queries lined up with the last Tq of the Tk keys (a KV cache), q (B, H, Tq, d).
+    Outside it they use chapter 10's kernel. The plug-in point for a kernel of your own."""
+    token = _kernel.set(fn)
+    try:
+        yield fn
+    finally:
+        _kernel.reset(token)
+
+
+def fused_attention(q, k, v):
+    """The fused kernel in use: the one `attention_kernel` installed, else chapter 10's."""
+    fn = _kernel.get()
+    if fn is None:
+        from course_lib.fused.attention_op import attention  # here, so that numba loads only when used
+
+        return attention(q, k, v, causal=True)
+    return fn(q, k, v)
 
 
 class CausalSelfAttention(nn.Module):
@@ -66,11 +93,9 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(layer, k, v)   # prepend the keys and values of earlier positions
         if self.fused and not self.record_weights:
-            from course_lib.fused.attention_op import attention  # here, so that numba loads only when used
-
             if self.training and self.dropout > 0:
                 raise NotImplementedError("the fused attention has no dropout")
-            y = attention(q, k, v, causal=True)   # its mask lines the T queries up with the last T keys
+            y = fused_attention(q, k, v)   # its mask lines the T queries up with the last T keys
         elif self.sdpa and not self.record_weights:
             Tk = k.size(-2)
             mask = None if T == Tk else torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
