@@ -15,13 +15,14 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     """Y = alpha * A' @ B' + beta * C, where X' is X transposed when transX is set; C broadcasts."""
     a = a.T if transA else a
     b = b.T if transB else b
-    y = a @ b
-    if c is not None and np.broadcast_shapes(c.shape, y.shape) != y.shape:
-        raise ValueError(f"Gemm's C of shape {c.shape} does not broadcast to the product's shape {y.shape}")
+    y = a @ b                  # a fresh buffer: the scaling and the bias go in place
     if alpha != 1.0:
-        y = y * y.dtype.type(alpha)
+        y *= y.dtype.type(alpha)
     if c is not None:
-        y = y + (c if beta == 1.0 else c * c.dtype.type(beta))
+        try:
+            y += c if beta == 1.0 else c * c.dtype.type(beta)
+        except ValueError:
+            raise ValueError(f"Gemm's C of shape {c.shape} does not broadcast to the product's shape {y.shape}") from None
     return y.astype(a.dtype, copy=False)
 
 

@@ -1,5 +1,7 @@
 """Kernels that move data without arithmetic: shapes, reshapes, slicing, gathering, constants."""
 
+import math
+
 import numpy as np
 
 from ..registry import Unsupported, register
@@ -32,7 +34,7 @@ def reshape(x, shape, *, allowzero=0):
 @register("Flatten", since=1)
 def flatten(x, *, axis=1):
     axis = axis + x.ndim if axis < 0 else axis
-    return x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
 @register("Transpose", since=1)
