@@ -3,6 +3,7 @@
     g = fold_constants(g)          # nodes whose inputs are all constants -> initializers
     g = eliminate_dead_nodes(g)    # nodes no graph output depends on -> gone
     g = fuse_matmul_add(g)         # MatMul then Add of a bias -> one Gemm (2-D) or MatMulAdd
+    g = fuse_gemm(g)               # Gemm (+ Relu) -> FusedGemm
     g = fuse_conv(g)               # Conv (+ bias Add) (+ Relu) (+ MaxPool) -> FusedConv, weights packed once
     g = fold_shapes(g, {"x": (1, 3, 8, 8)})  # Shape of a value with a static shape -> a constant
 
@@ -173,6 +174,30 @@ def fuse_conv(graph):
     return g
 
 
+def fuse_gemm(graph):
+    """Gemm with alpha = beta = 1 and no transA -> FusedGemm, which takes a Relu that alone reads it.
+
+    What this saves is the bookkeeping of a general Gemm and, with a Relu, a node and a temporary:
+    FusedGemm adds C and applies the Relu in place on the product's own buffer."""
+    g = graph.copy()
+    removed, replaced = set(), {}
+    for gemm in g.nodes:
+        a = gemm.attrs
+        if gemm.op_type != "Gemm" or a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+            continue
+        relu = _single_reader(g, gemm.outputs[0])
+        relu = relu if relu is not None and relu.op_type == "Relu" else None
+        replaced[id(gemm)] = Node("FusedGemm", list(gemm.inputs), list((relu or gemm).outputs),
+                                  {"transB": a.get("transB", 0), "activation": "Relu" if relu else ""},
+                                  (gemm.name or "Gemm") + ("+Relu" if relu else ""), domain="course")
+        if relu:
+            removed.add(id(relu))
+    g.nodes = [replaced.get(id(n), n) for n in g.nodes if id(n) not in removed]
+    if replaced:
+        g.opsets["course"] = 1
+    return g
+
+
 def static_shapes(graph, input_shapes):
     """value name -> shape, for every value whose shape is fully known once inputs have `input_shapes`."""
     g = graph.copy()
@@ -220,6 +245,7 @@ def optimize(graph, input_shapes=None):
         g = fold_shapes(g, input_shapes)
     g = fold_constants(g)
     g = fuse_matmul_add(g)
+    g = fuse_gemm(g)
     g = fuse_conv(g)
     g = fuse_masked_softmax(g)
     g = fuse_elementwise(g)

@@ -21,6 +21,20 @@ def matmul_add(a, b, c, *, out=None):
     return y
 
 
+@register("FusedGemm", since=1, domain="course")
+def fused_gemm(a, b, c=None, *, transB=0, activation="", out=None):
+    """a @ b' + c (b' = b transposed when transB is set), then activation="Relu" in place: Gemm with
+    alpha = beta = 1 and its Relu. `out` is a flat buffer from the session's memory plan."""
+    b = b.T if transB else b
+    shape = (a.shape[0], b.shape[1])
+    y = np.matmul(a, b, out=out.reshape(shape) if out is not None and out.size == shape[0] * shape[1] else None)
+    if c is not None:
+        y += c
+    if activation == "Relu":
+        np.maximum(y, 0, out=y)
+    return y
+
+
 BLOCK = 32768  # elements of x per block in Elementwise: a block's temporaries stay in the L2 cache
 
 
