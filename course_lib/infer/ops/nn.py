@@ -167,3 +167,44 @@ def lrn(x, *, size, alpha=1e-4, beta=0.75, bias=1.0):
     sq = np.pad(x * x, [(0, 0), ((size - 1) // 2, size - 1 - (size - 1) // 2)] + [(0, 0)] * (x.ndim - 2))
     s = sum(sq[:, i:i + c] for i in range(size))
     return (x / (bias + alpha / size * s) ** beta).astype(x.dtype)
+
+
+@register("RMSNormalization", since=23)
+def rms_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """x / sqrt(mean(x^2) + epsilon) over the axes from `axis` on, times scale (LayerNorm without the mean)."""
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    xf = x.astype(np.float32, copy=False) if stash_type == 1 and x.dtype != np.float64 else x
+    rms = np.sqrt(np.mean(np.square(xf), axis=axes, keepdims=True) + epsilon)
+    return ((xf / rms).astype(x.dtype) * scale).astype(x.dtype)
+
+
+def _group_norm(x, scale, bias, num_groups, epsilon, per_channel, stash_type=1):
+    N, C = x.shape[:2]
+    xf = x.astype(np.float32, copy=False) if stash_type == 1 and x.dtype != np.float64 else x
+    g = xf.reshape(N, num_groups, -1)                          # each group's channels and positions together
+    y = (g - g.mean(axis=2, keepdims=True)) / np.sqrt(g.var(axis=2, keepdims=True) + epsilon)
+    y = y.reshape(x.shape).astype(x.dtype)
+    shape = (1, C) + (1,) * (x.ndim - 2)
+    if not per_channel:                                        # opset 18: one scale and bias per group
+        scale, bias = np.repeat(scale, C // num_groups), np.repeat(bias, C // num_groups)
+    return (y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
+
+
+@register("GroupNormalization", since=18)
+def group_norm_18(x, scale, bias, *, num_groups, epsilon=1e-5):
+    """Normalize each group of C / num_groups channels of each sample; scale and bias per group."""
+    return _group_norm(x, scale, bias, num_groups, epsilon, per_channel=False)
+
+
+@register("GroupNormalization", since=21)
+def group_norm_21(x, scale, bias, *, num_groups, epsilon=1e-5, stash_type=1):
+    """As opset 18, but scale and bias per channel, and the statistics in float32 (stash_type=1)."""
+    return _group_norm(x, scale, bias, num_groups, epsilon, per_channel=True, stash_type=stash_type)
+
+
+@register("LpPool", since=11)
+def lp_pool(x, *, kernel_shape, p=2, auto_pad="NOTSET", ceil_mode=0, dilations=None, pads=None, strides=None):
+    """(sum over each window of |x|^p)^(1/p); padding counts as 0."""
+    geometry = _geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    total = _pool(np.add, _padded(np.abs(x) ** p, geometry, 0), geometry[2])
+    return (total ** (1.0 / p)).astype(x.dtype)

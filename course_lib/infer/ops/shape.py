@@ -163,6 +163,8 @@ def trilu(x, k=None, *, upper=1):
 
 @register("Range", since=11)
 def range_(start, limit, delta):
+    """start, start + delta, ... up to limit (excluded). The three are scalars (a 1-element tensor will do)."""
+    start, limit, delta = (v.reshape(()) if v.size == 1 else v for v in (start, limit, delta))
     return np.arange(start, limit, delta, dtype=start.dtype)
 
 
