@@ -145,3 +145,43 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved=
         out[..., :rot // 2], out[..., rot // 2:rot] = ra, rb
     out = out.astype(x.dtype, copy=False)
     return out.transpose(0, 2, 1, 3) if four_d else out.reshape(x.shape)
+
+
+@register("LinearAttention", since=27)
+def linear_attention(query, key, value, past_state=None, decay=None, beta=None, *, q_num_heads, kv_num_heads,
+                     chunk_size=64, scale=0.0, update_rule="gated_delta"):
+    """Attention as a recurrence over a (d_k, d_v) state S per key/value head, one token at a time:
+
+        linear:       S = S + k v^T
+        gated:        S = exp(g) S + k v^T
+        delta:        S = S + beta k (v - S^T k)^T
+        gated_delta:  S = exp(g) S + beta k (v - (exp(g) S)^T k)^T
+        output:       o = scale * S^T q      (query head h reads key/value head h // (Hq / Hkv))
+
+    chunk_size is a hint for faster schedules; this reference-style loop does not need it."""
+    B, T, _ = query.shape
+    work = np.float32 if query.dtype == np.float16 else query.dtype             # float16 runs in float32
+    q = query.reshape(B, T, q_num_heads, -1).astype(work)
+    k = key.reshape(B, T, kv_num_heads, -1).astype(work)
+    v = value.reshape(B, T, kv_num_heads, -1).astype(work)
+    dk, dv = k.shape[-1], v.shape[-1]
+    scale = scale or 1 / np.sqrt(dk)
+    S = np.zeros((B, kv_num_heads, dk, dv), work) if past_state is None else past_state.astype(work)
+    group = q_num_heads // kv_num_heads
+    out = np.empty((B, T, q_num_heads, dv), work)
+    for t in range(T):
+        kt, vt = k[:, t, :, :, None], v[:, t, :, None, :]               # (B, Hkv, dk, 1), (B, Hkv, 1, dv)
+        if update_rule in ("gated", "gated_delta"):
+            g = decay[:, t].reshape(B, kv_num_heads, -1)[..., None].astype(work)   # (B, Hkv, dk or 1, 1)
+            S = np.exp(g) * S
+        if update_rule in ("delta", "gated_delta"):
+            b = np.broadcast_to(beta[:, t].reshape(B, -1), (B, kv_num_heads))[:, :, None, None].astype(work)
+            recalled = (S * kt).sum(axis=2, keepdims=True)               # S^T k: (B, Hkv, 1, dv)
+            S = S + b * kt * (vt - recalled)
+        elif update_rule in ("linear", "gated"):
+            S = S + kt * vt
+        else:
+            raise ValueError(f"LinearAttention's update_rule {update_rule!r}")
+        Sq = np.repeat(S, group, axis=1)                                 # (B, Hq, dk, dv)
+        out[:, t] = scale * (Sq * q[:, t, :, :, None]).sum(axis=2)
+    return out.reshape(B, T, -1).astype(query.dtype), S.astype(query.dtype)

@@ -174,3 +174,87 @@ def fused_conv(x, w_packed, b=None, *, kernel_shape, auto_pad="NOTSET", dilation
     if activation == "Relu":
         np.maximum(y, 0, out=y)
     return y
+
+
+# ---- the way back: columns summed into images (ConvTranspose, Col2Im) ---------------------------
+
+def col2im(cols, n, c, size, kernel, grid, strides, dilations, pad_begin):
+    """Images (n, c, *size) from cols (c, prod(kernel), n, prod(grid)): the value of kernel offset a at
+    block position p lands on a * dilation + p * stride - pad_begin (per axis) and overlapping values
+    add up; what lands outside the image is dropped. The inverse of im2col's gather is this scatter."""
+    offset, valid = np.zeros((), np.intp), np.ones((), bool)
+    for i, (sz, k, g, s, d, p0) in enumerate(zip(size, kernel, grid, strides, dilations, pad_begin)):
+        coord = np.arange(k)[:, None] * d + np.arange(g)[None, :] * s - p0        # (k, g)
+        axes = [1] * (2 * len(size))
+        axes[i], axes[len(size) + i] = k, g
+        offset = offset * sz + coord.reshape(axes)
+        valid = valid & ((coord >= 0) & (coord < sz)).reshape(axes)
+    K, P, plane = math.prod(kernel), math.prod(grid), math.prod(size)
+    offset, valid = offset.reshape(K, P), valid.reshape(K, P)
+    planes = (np.arange(n)[None, :] * c + np.arange(c)[:, None]) * plane        # (c, n): where each plane starts
+    index = planes[:, None, :, None] + offset[None, :, None, :]                 # (c, k, n, p)
+    index = np.where(valid[None, :, None, :], index, n * c * plane)            # outside: one extra bin
+    total = np.bincount(index.reshape(-1), weights=cols.reshape(-1), minlength=n * c * plane + 1)
+    return total[:-1].reshape(n, c, *size).astype(cols.dtype)
+
+
+@register("ConvTranspose", since=1)
+def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                   output_padding=None, output_shape=None, pads=None, strides=None):
+    """The transpose of Conv (its gradient with respect to the input): each input position spreads
+    w times its value over a window of the output. One product per group, then col2im."""
+    N, C, *size = x.shape
+    nd, G = len(size), group
+    kernel = list(w.shape[2:])
+    strides, dilations = strides or [1] * nd, dilations or [1] * nd
+    output_padding = output_padding or [0] * nd
+    span = [s * (i - 1) + op + (k - 1) * d + 1 for s, i, op, k, d in zip(strides, size, output_padding, kernel, dilations)]
+    if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = list(output_shape[-nd:]) if output_shape is not None else [i * s for i, s in zip(size, strides)]
+        total = [max(sp - o, 0) for sp, o in zip(span, out)]   # an output longer than the span grows at the end
+        upper = auto_pad != "SAME_LOWER"
+        begin = [t // 2 if upper else t - t // 2 for t in total]
+    else:
+        pads = pads or [0] * 2 * nd
+        begin = pads[:nd]
+        out = [sp - pads[i] - pads[nd + i] for i, sp in enumerate(span)]
+    M = w.shape[1] * G
+    xg = x.reshape(N, G, C // G, -1).transpose(1, 2, 0, 3).reshape(G, C // G, -1)          # (G, C/G, N * P)
+    wg = w.reshape(G, C // G, -1).transpose(0, 2, 1)                                       # (G, M/G * k, C/G)
+    cols = np.matmul(wg, xg).reshape(M, math.prod(kernel), N, -1)                          # (M, k, N, P)
+    y = col2im(cols, N, M, out, kernel, size, strides, dilations, begin)
+    if b is not None:
+        y += b.reshape((1, M) + (1,) * nd).astype(y.dtype)
+    return y
+
+
+@register("Col2Im", since=18)
+def col2im_op(x, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
+    """x (N, C * prod(block), L) -> images (N, C, *image_shape): sliding blocks summed back in place."""
+    image, kernel = [int(v) for v in image_shape], [int(v) for v in block_shape]
+    nd = len(image)
+    strides, dilations, pads = strides or [1] * nd, dilations or [1] * nd, pads or [0] * 2 * nd
+    grid = [(i + pads[k] + pads[nd + k] - (b - 1) * d - 1) // s + 1
+            for k, (i, b, d, s) in enumerate(zip(image, kernel, dilations, strides))]
+    N, CK, L = x.shape
+    C = CK // math.prod(kernel)
+    cols = x.reshape(N, C, math.prod(kernel), L).transpose(1, 2, 0, 3)                     # (C, k, N, L)
+    return col2im(cols, N, C, image, kernel, grid, strides, dilations, pads[:nd])
+
+
+@register("CausalConvWithState", since=27)
+def causal_conv_with_state(x, w, b=None, past_state=None, *, activation="none"):
+    """A depthwise 1-D convolution that sees only the past: each channel of x (B, C, L) is convolved with
+    its own kernel w (C, 1, k) over the last k - 1 values before it (past_state, zeros by default)
+    and itself. Returns the output and the last k - 1 values of the padded sequence (the next state)."""
+    B, C, L = x.shape
+    k = w.shape[-1]
+    past = np.zeros((B, C, k - 1), x.dtype) if past_state is None else past_state
+    padded = np.concatenate([past, x], axis=2)                                   # (B, C, k - 1 + L)
+    work = np.float32 if x.dtype == np.float16 else x.dtype                      # float16 sums in float32
+    y = sum(w[None, :, 0, j, None].astype(work) * padded[:, :, j:j + L] for j in range(k))
+    if b is not None:
+        y = y + b[None, :, None].astype(work)
+    if activation in ("silu", "swish"):
+        y = y / (1 + np.exp(-y))
+    return y.astype(x.dtype), padded[:, :, padded.shape[2] - (k - 1):].astype(x.dtype)
