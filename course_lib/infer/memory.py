@@ -49,11 +49,12 @@ def memory_plan(session, feeds):
 # given (a keyword `out`) gets one of a few buffers allocated once, shared by values whose lives do
 # not overlap. onnxruntime does the same ("memory patterns", recorded per input shape).
 
-def buffer_lives(order, writes_into_out, keep):
+def buffer_lives(order, views, keep):
     """value name -> index of the last node that may read it, directly or through a view.
 
-    A kernel without `out` may return a view of an input (Reshape, Transpose, Slice...), so its
-    inputs live as long as its outputs. Values that reach a graph output (`keep`) live forever."""
+    views[k] says whether node k returned a view of one of its inputs on the first run (Reshape,
+    Transpose, Slice...): then its inputs live as long as its outputs. Values that reach a graph
+    output (`keep`) live forever: the caller holds them after the run."""
     forever = len(order)
     end = {name: forever for name in keep}
     for k, node in enumerate(order):
@@ -62,7 +63,7 @@ def buffer_lives(order, writes_into_out, keep):
                 end[i] = max(end.get(i, k), k)
     for k in range(len(order) - 1, -1, -1):
         node = order[k]
-        if not writes_into_out[k]:
+        if views[k]:
             outs = [end.get(o, k) for o in node.outputs if o]
             for i in node.inputs:
                 if i and outs:
@@ -70,11 +71,11 @@ def buffer_lives(order, writes_into_out, keep):
     return end
 
 
-def assign_buffers(order, writes_into_out, sizes, keep):
+def assign_buffers(order, writes_into_out, sizes, views, keep):
     """{node index: buffer index} and the buffers' (nbytes, dtype): the output of each node that can
     write into a given buffer gets a buffer whose previous value is dead; a value that may reach a
     graph output is never planned (the caller keeps it), nor one the first run did not measure."""
-    end = buffer_lives(order, writes_into_out, keep)
+    end = buffer_lives(order, views, keep)
     buffers, free, assigned, busy = [], {}, {}, []   # busy: (end, buffer) of the buffers in use
     for k, node in enumerate(order):
         for stop, b in [item for item in busy if item[0] < k]:   # dead before this node reads anything

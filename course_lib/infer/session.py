@@ -34,6 +34,17 @@ def _node_arg(v):
     return NodeArg(v.name, None if v.shape is None else list(v.shape), t)
 
 
+def _takes_out_buffer(fn):
+    """Whether a kernel declares a keyword-only `out`: a flat buffer from the memory plan, which the
+    kernel reshapes itself. numpy's ufuncs also take `out`, but it must have the result's shape, so
+    they are registered as they are and never get a planned buffer."""
+    try:
+        param = inspect.signature(fn).parameters.get("out")
+    except (TypeError, ValueError):   # a builtin without a signature
+        return False
+    return param is not None and param.kind is inspect.Parameter.KEYWORD_ONLY
+
+
 class InferenceSession:
     """Run an ONNX model with numpy kernels.
 
@@ -67,7 +78,7 @@ class InferenceSession:
         self.steps = [bind(graph, node) for node in self.order]
         self.output_names = [v.name for v in graph.outputs]
         self.plan_buffers = plan_buffers and free_memory
-        self.writes_into_out = [len(node.outputs) == 1 and "out" in inspect.signature(fn).parameters
+        self.writes_into_out = [len(node.outputs) == 1 and _takes_out_buffer(fn)
                                 for node, (fn, _) in zip(self.order, self.steps)]
         self.planned = None   # (input signature, steps with their `out` buffers, the buffers)
         self.wiring = [(tuple(node.inputs), tuple(node.outputs), len(node.outputs) == 1) for node in self.order]
@@ -90,39 +101,45 @@ class InferenceSession:
             if self.planned is not None and self.planned[0] == signature:
                 steps = self.planned[1]
             else:   # this run measures every intermediate, and the next ones use the plan made from it
-                sizes = {}
-                on_node = lambda node, seconds, outs: sizes.update(   # noqa: E731
-                    {n: (v.nbytes, v.dtype.str) for n, v in zip([o for o in node.outputs if o], outs)})
-                outputs = self._execute(output_names, feeds, steps, on_node)
-                self.planned = (signature, *self._planned_steps(sizes))
+                record = {"sizes": {}, "views": []}
+                outputs = self._execute(output_names, feeds, steps, None, record)
+                self.planned = (signature, *self._planned_steps(record["sizes"], record["views"]))
                 return outputs
         if on_node is None:
             return self._execute_fast(output_names, feeds, steps)
         return self._execute(output_names, feeds, steps, on_node)
 
-    def _planned_steps(self, sizes):
+    def _planned_steps(self, sizes, views):
         """The steps, with an `out` buffer for each node that can take one (see memory.assign_buffers)."""
         keep = set(self.output_names)
-        assigned, specs = assign_buffers(self.order, self.writes_into_out, sizes, keep)
+        assigned, specs = assign_buffers(self.order, self.writes_into_out, sizes, views, keep)
         buffers = [np.empty(nbytes // np.dtype(dtype).itemsize, dtype) for nbytes, dtype in specs]
         steps = [(fn, {**attrs, "out": buffers[assigned[k]]}) if k in assigned else (fn, attrs)
                  for k, (fn, attrs) in enumerate(self.steps)]
         return steps, buffers
 
-    def _execute(self, output_names, feeds, steps, on_node):
+    def _execute(self, output_names, feeds, steps, on_node, record=None):
         """The executor: run the nodes in schedule order, each on its inputs from `env`; free each
-        value after its last reader. on_node, when given, sees every node's time and outputs."""
+        value after its last reader. on_node, when given, sees every node's time and outputs; record,
+        when given, receives each output's (nbytes, dtype) and whether each node returned a view of
+        an input (the memory plan needs both)."""
         env = {**self.graph.initializers, **feeds}
         for node, (fn, attrs), frees in zip(self.order, steps, self.frees):
             t0 = time.perf_counter()
-            out = fn(*[env[i] if i else None for i in node.inputs], **attrs)
+            args = [env[i] if i else None for i in node.inputs]
+            out = fn(*args, **attrs)
             if type(out) is not tuple:
                 out = (out,)
             for name, value in zip(node.outputs, out):
                 if name:
                     env[name] = value if type(value) is np.ndarray else np.asarray(value)
+            made = [env[n] for n in node.outputs if n]
             if on_node:
-                on_node(node, time.perf_counter() - t0, [env[n] for n in node.outputs if n])
+                on_node(node, time.perf_counter() - t0, made)
+            if record is not None:
+                record["sizes"].update({n: (v.nbytes, v.dtype.str) for n, v in zip([o for o in node.outputs if o], made)})
+                record["views"].append(any(np.may_share_memory(o, a) for o in made for a in args
+                                           if isinstance(a, np.ndarray)))
             for name in frees:
                 env.pop(name, None)
         return [env[n] for n in output_names or self.output_names]

@@ -40,6 +40,9 @@ class ConvPlan:
     index: np.ndarray | None   # gather indices into the unpadded buffer followed by a 0 and a 1
 
 
+WINDOWS_FROM = 2048   # cells of cols per kernel offset from which copying windows beats one gather
+
+
 @functools.lru_cache(maxsize=128)
 def conv_plan(shape, kernel, auto_pad, dilations, pads, strides):
     """The ConvPlan of a convolution of an input of `shape` (N, C, *size).
@@ -60,7 +63,7 @@ def conv_plan(shape, kernel, auto_pad, dilations, pads, strides):
                 for sz, k, s, d, (p0, p1) in zip(size, kernel, strides, dilations, pads))
     padded = (c,) + tuple(sz + p0 + p1 for sz, (p0, p1) in zip(size, pads)) + (n,)
     interior = (slice(None),) + tuple(slice(p0, p0 + sz) for sz, (p0, _) in zip(size, pads))
-    if c * math.prod(out) * n >= 2048:   # each copy moves enough to outweigh its Python call
+    if c * math.prod(out) * n >= WINDOWS_FROM:   # each copy moves enough to outweigh its Python call
         windows = [(slice(None),) + tuple(slice(a * d, a * d + s * (o - 1) + 1, s)
                                           for a, d, s, o in zip(offset, dilations, strides, out))
                    for offset in itertools.product(*(range(k) for k in kernel))]
