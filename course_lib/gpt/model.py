@@ -75,7 +75,8 @@ def fused_attention(q, k, v, dropout_p):
     return attention(q, k, v, causal=True)   # its mask lines the Tq queries up with the last Tq keys
 
 
-def attention_kernel(config):
+def choose_attention(config):
+    """The kernel a model built from `config` uses, for its whole life."""
     return fused_attention if config.fused else sdpa_attention if config.sdpa else written_out_attention
 
 
@@ -85,7 +86,7 @@ class CausalSelfAttention(nn.Module):
         assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
         self.dropout = config.dropout
-        self.attend = attention_kernel(config)   # chosen once, here, not on every call
+        self.attend = choose_attention(config)   # chosen once, here, not on every call
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)   # q, k, v of all heads
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)       # mixes the heads
         self.resid_dropout = nn.Dropout(config.dropout)
