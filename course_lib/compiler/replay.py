@@ -333,7 +333,10 @@ def _launch(group, read_outside, pointwise):
             if r is not None and r.buffer.id in read_outside and r.buffer.id not in outputs:
                 outputs.append(r.buffer.id)
     if len(nodes) == 1:  # a lone op writes all it makes
-        outputs = [r.buffer.id for r in [node.out] + node.attrs.get("outs", []) if r is not None]
+        outs = node.attrs.get("outs", [])
+        made = node.attrs.get("made", [True] * len(outs))
+        outputs = [r.buffer.id for r in [node.out] if r is not None and node.kind != "island"]
+        outputs += [r.buffer.id for r, m in zip(outs, made) if r is not None and m]
         outputs = list(dict.fromkeys(outputs))
     inputs = []
     for n in nodes:
@@ -444,7 +447,8 @@ def _island(node, arrays):
     count = node.attrs["tensors"]
     tensors = [Tensor._wrap(TensorData(arrays[r.buffer.id], r.view.shape, r.view.strides, r.view.offset))
                for r in node.inputs[:count]]
-    outs = [None if r is None else _shaped(arrays[r.buffer.id], r.view) for r in node.attrs["outs"]]
+    outs = [None if r is None or not m else _shaped(arrays[r.buffer.id], r.view)
+            for r, m in zip(node.attrs["outs"], node.attrs["made"])]
     holder = node.attrs.setdefault("replay_ctx", [None])
     if phase == "forward":
         needs = node.attrs["ctx"].needs_grad if node.attrs.get("ctx") is not None else ()

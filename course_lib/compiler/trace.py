@@ -50,11 +50,13 @@ def _is_plumbing(filename):
 
 
 def where_from(depth=2, frames=2):
-    """((file, line, function), ...) of the first `frames` frames outside the library's plumbing."""
+    """((file, line, function), ...) of the first frame outside the library's plumbing, then of the first
+    frames after it in other files (its callers), `frames` in all."""
     found, frame = [], sys._getframe(depth)
     while frame is not None and len(found) < frames:
         code = frame.f_code
-        if not _is_plumbing(os.path.abspath(code.co_filename)):
+        if not _is_plumbing(os.path.abspath(code.co_filename)) and \
+                (not found or code.co_filename != found[-1][0]):
             found.append((code.co_filename, frame.f_lineno, code.co_name))
         frame = frame.f_back
     return tuple(found)
@@ -267,7 +269,7 @@ class Tracer:
         if self.scopes:
             self.scopes[-1].reads = True
         elif buf is not None and buf.kind != CONST:
-            self.breaks.append((where_from(3), f"reads the value of a tensor of shape {tensor.shape}"))
+            self.breaks.append((where_from(3), f"reads the value of a tensor the step computed (shape {tensor.shape})"))
 
     def close(self, scope, outs):
         """An op ended: if it worked outside the backend, replace what it recorded by one island node."""
@@ -276,29 +278,30 @@ class Tracer:
             return
         if self.lower_embedding(scope, outs):
             return
-        for node in self.nodes[scope.start:]:  # what it recorded is now the island's own business
-            for ref in [node.out] + node.attrs.get("outs", []):
-                if ref is not None:
-                    self.dropped.add(ref.buffer.id)
+        inner = {ref.buffer.id for node in self.nodes[scope.start:]  # what it recorded: the island's business now
+                 for ref in [node.out] + node.attrs.get("outs", []) if ref is not None}
         del self.nodes[scope.start:]
         refs = [self.value_of(t.data) for t in scope.tensors]
-        outs_refs = []
+        outs_refs, made = [], []
         for t in outs:
             if not isinstance(t, Tensor):
                 outs_refs.append(None)
+                made.append(False)
                 continue
-            if id(t.data.storage) in self.by_storage:
-                raise Unsupported(f"{scope.name} of {scope.fn.__qualname__} works outside the backend and returns a "
-                                  "view of memory it did not make; the compiler cannot replay it")
-            buf = self.buffer(TEMP, t.data.storage)
-            outs_refs.append(Ref(buf, View.of(t.data)))
+            buf = self.by_storage.get(id(t.data.storage))
+            if buf is None:
+                buf = self.buffer(TEMP, t.data.storage)
+            made.append(buf.id in inner or buf.producer is None and buf.kind == TEMP)
+            outs_refs.append(Ref(buf, View.of(t.data)))   # not made: a view of memory from before the op
+            inner.discard(buf.id)
+        self.dropped |= inner
         first = next((r for r in outs_refs if r is not None), None)
         kwargs = {k: self.argument(v) for k, v in scope.kwargs.items()}
         node = Node(len(self.nodes), "island", scope.fn.__name__, refs, first,
-                    dict(fn=scope.fn, phase=scope.phase, kwargs=kwargs, outs=outs_refs, tensors=len(refs)),
+                    dict(fn=scope.fn, phase=scope.phase, kwargs=kwargs, outs=outs_refs, made=made, tensors=len(refs)),
                     scope.name, where_from(3, 1))
-        for r in outs_refs:
-            if r is not None:
+        for r, m in zip(outs_refs, made):
+            if m:
                 r.buffer.producer = node
         if scope.phase == "forward" and outs and isinstance(outs[0], Tensor) and outs[0]._ctx is not None:
             self.island_of_ctx[id(outs[0]._ctx)] = node
