@@ -125,8 +125,13 @@ class TracingBackend(Backend):
 
     def _run(self, kind, op, inputs, out, call, **attrs):
         tracer = self.tracer
-        if out is not None and id(out.storage) not in tracer.by_storage:
-            tracer.fill_scratch(out.storage)  # before the call writes into it: zeros, made by the library
+        if out is not None:
+            buf = tracer.by_storage.get(id(out.storage))
+            if buf is None:
+                tracer.fill_scratch(out.storage)  # before the call writes into it: zeros, made by the library
+            elif buf.kind != SCRATCH:
+                raise Unsupported(f"{describe_where(where_from(3))}: a {kind} writes into a view of {buf.kind} memory "
+                                  f"({buf.label()}); the compiler only follows writes into zeros made for them")
         result = call()
         if out is None:  # a fresh output, in memory of the tracer's own (so each storage is one buffer)
             result = TensorData.contiguous(np.array(result.to_numpy()).reshape(-1), tuple(result.shape))
@@ -203,6 +208,9 @@ class Tracer:
 
     # ---- buffers
     def buffer(self, kind, array, name="", origin=None):
+        """A new buffer of the graph over `array` (a constant remembers the line that first used it)."""
+        if kind == CONST and origin is None:
+            origin = where_from(3)
         buf = Buffer(len(self.buffers), kind, array, name, origin)
         self.buffers.append(buf)
         self.by_storage[id(array)] = buf
@@ -214,7 +222,7 @@ class Tracer:
         buf = self.by_storage.get(id(td.storage))
         if buf is None:
             buf = self.buffer(CONST, td.storage, origin=where_from(3))
-            buf.value = np.array(td.storage)
+            buf.value = np.array(td.storage)  # a copy: the library may reuse the memory later
         elif buf.id in self.dropped:
             raise Unsupported(f"{describe_where(where_from(3))} reads a value made inside an op that runs "
                               "outside the backend; the compiler cannot see how it was made")
@@ -390,16 +398,20 @@ class Tracer:
 
 
 def record(tracer, kind, op, inputs, out, into, attrs):
-    """One backend call as a node: look up the buffer and view of each input (a value made by an earlier
-    node, an input, state, or a new constant), then make the output's memory a buffer produced by this
-    node. With `into`, the call wrote into a view of existing memory (a scratch buffer, zeros at first):
-    the node is that buffer's latest writer, and runs after the previous one."""
-    refs = [tracer.value_of(td) for td in inputs]
+    """One backend call as a node (chapter 13's first exercise). Each input is looked up by its memory: a
+    buffer the graph knows (an input, state, a value an earlier node made), or memory the step's ops did
+    not make, a new constant whose values are copied now. The output's memory becomes a new buffer that
+    this node makes, or, with `into`, the call wrote into a view of a scratch buffer: the node is that
+    buffer's latest writer and comes after the previous one."""
+    refs = []
+    for td in inputs:
+        buf = tracer.by_storage.get(id(td.storage))
+        if buf is None:
+            buf = tracer.buffer(CONST, td.storage)
+            buf.value = np.array(td.storage)
+        refs.append(Ref(buf, View.of(td)))
     if into:
         buf = tracer.by_storage[id(out.storage)]
-        if buf.kind != SCRATCH:
-            raise Unsupported(f"a {kind} writes into a view of {buf.kind} memory ({buf.label()}); the compiler only "
-                              "follows writes into zeros made for them")
         attrs = dict(attrs, into=True, after=buf.producer)
     else:
         buf = tracer.buffer(TEMP, out.storage)
