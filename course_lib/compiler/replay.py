@@ -374,11 +374,14 @@ def _bind(launch, k, arrays, names, scope, buffers, parallel_min, threads):
     """Bind the launch's arrays and callable into the replay's scope; return its line of source."""
 
     def name_of(ref, flat=False):
+        """A name for the ref's memory: as a shaped view, or flat from the view's start (`flat`), or flat and
+        exactly the view's elements (flat="exact", for a contiguous view)."""
         key = (ref.buffer.id, ref.view, flat)
         if key not in names:
-            array = arrays[ref.buffer.id]
+            array, start = arrays[ref.buffer.id], ref.view.offset
             names[key] = f"v{len(names)}"
-            scope[names[key]] = array[ref.view.offset:] if flat else _shaped(array, ref.view)
+            scope[names[key]] = (array[start:start + ref.view.size] if flat == "exact" else array[start:] if flat
+                                 else _shaped(array, ref.view))
         return names[key]
 
     if launch.group is None:   # a final copy of carried state
@@ -395,7 +398,7 @@ def _bind(launch, k, arrays, names, scope, buffers, parallel_min, threads):
         fn = {"gather": index.gather_rows, "scatter_add": index.scatter_add_rows}[node.kind]
         scope[fn.__name__] = fn
         source, idx = node.inputs
-        args = [name_of(node.out, flat=True), name_of(source, flat=True), name_of(idx, flat=True)]
+        args = [name_of(r, flat="exact") for r in (node.out, source, idx)]
         kernels.compile_for(fn, [scope[a] for a in args] + [node.attrs["width"]], "", node.kind)
         return f"{fn.__name__}({', '.join(args)}, {node.attrs['width']})"
     if launch.kind == "copy":

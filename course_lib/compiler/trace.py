@@ -231,7 +231,7 @@ class Tracer:
     # ---- recording
     def record(self, kind, op, inputs, out, into=False, **attrs):
         """Append the node for one backend call (see `record` below)."""
-        scope = self.scopes[-1].name if self.scopes else ""
+        scope = self.scopes[0].name if self.scopes else ""   # the op the step called (LayerNorm, not its Sub)
         node = self._record(self, kind, op, inputs, out, into, attrs)
         node.scope, node.where = scope, where_from(3, 1)
         return node
@@ -282,7 +282,8 @@ class Tracer:
     def close(self, scope, outs):
         """An op ended: if it worked outside the backend, replace what it recorded by one island node."""
         fresh = [t for t in outs if isinstance(t, Tensor) and id(t.data.storage) not in self.by_storage]
-        if not scope.reads and not fresh:
+        after_island = scope.phase == "backward" and id(scope.ctx) in self.island_of_ctx  # its ctx is Python's
+        if not scope.reads and not fresh and not after_island:
             return
         if self.lower_embedding(scope, outs):
             return
