@@ -48,9 +48,10 @@ def cache_dir():
 
 
 def module_text(source, parallel, reduces):
+    """The module of one kernel: imports, the decorator, the source. Without `parallel`, Numba runs a prange
+    as a plain range (a small group does not repay the start of the thread pool)."""
     flags = f", fastmath={REDUCE_FLAGS}" if reduces else ""
-    body = source if parallel else source.replace("prange(", "range(")
-    return HEADER + f'@njit(parallel={parallel}, cache=True, error_model="numpy"{flags})\n' + body + "\n"
+    return HEADER + f'@njit(parallel={parallel}, cache=True, error_model="numpy"{flags})\n' + source + "\n"
 
 
 def numbered(text):
