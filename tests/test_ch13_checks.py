@@ -7,7 +7,7 @@ from checking import expect_failure, expect_pass
 
 from course_lib.checks import ch13 as check
 from course_lib.compiler.codegen import expression
-from course_lib.compiler.fuse import COL, FULL, ONE, ROW, fusable, read_kind, row_shape
+from course_lib.compiler.fuse import COL, FULL, ONE, ROW, fusable, read_kind, rows_of
 from course_lib.compiler.guards import is_array
 from course_lib.compiler.ir import CONST, TEMP, Node, Ref, View
 from course_lib.tensor import Tensor
@@ -36,27 +36,25 @@ def record(tracer, kind, op, inputs, out, into, attrs, by=lambda td: id(td.stora
     return node
 
 
-def can_join(group, node, views=True, any_dim=False, order=True, reductions=True):
+def can_join(group, node, views=True, any_dim=False, order=True, reductions=True, rows=True):
     if not (group.fusable and fusable(node)):
         return False
+    same = (lambda shape, want: rows_of(shape) == want) if rows else (lambda shape, want: tuple(shape) == group.shape)
     if node.kind == "reduce":
-        if not reductions:
-            return False
-        last = node.attrs["dim"] == len(group.shape) - 1
-        if not (last or any_dim) or tuple(node.inputs[0].shape) != group.shape:
+        loop = tuple(node.inputs[0].shape)
+        if not reductions or not (node.attrs["dim"] == len(loop) - 1 or any_dim) or not same(loop, group.rows):
             return False
         role = "reduce"
-    elif tuple(node.shape) == group.shape:
-        role = "vec"
-    elif group.reduces and tuple(node.shape) == row_shape(group.shape):
-        role = "row"
+    elif same(node.shape, group.rows):
+        role, loop = "vec", tuple(node.shape)
+    elif group.reduces and rows_of(node.shape) == (group.rows[0], 1):
+        role, loop = "row", tuple(node.shape)
     else:
         return False
-    loop = row_shape(group.shape) if role == "row" else group.shape
     for ref in node.inputs:
         producer = ref.buffer.producer
         if producer in group:
-            per_row = tuple(producer.shape) != group.shape
+            per_row = rows_of(producer.shape) != group.rows
             wanted = FULL if role == "row" or not per_row else COL
             if views and (read_kind(ref, loop) != wanted or ref.view.offset != 0):
                 return False
@@ -146,6 +144,8 @@ def test_can_join_rejects():
     expect_failure(check.can_join, lambda g, n: can_join(g, n, order=False), match="producer.start")
     # never wrong numbers, but softmax, layer norm and the loss would each stay several kernels
     expect_failure(check.can_join, lambda g, n: can_join(g, n, reductions=False), match="reduction")
+    # never wrong numbers either, but a Linear's bias (rows, out) stays apart from the (B, T, out) ops after it
+    expect_failure(check.can_join, lambda g, n: can_join(g, n, rows=False), match="rows")
 
 
 def test_pointwise_source_rejects():

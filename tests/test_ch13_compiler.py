@@ -95,9 +95,12 @@ def test_the_gpt_step_compiled_equals_eager_in_float64(gpt_runs):
     assert np.abs(eager - compiled).max() <= 1e-12
     assert gpt_runs["step"].stats.replays == 17 and gpt_runs["step"].eager_reason is None
     eager_model, model, _ = gpt_runs["models"]
+    arenas = list(gpt_runs["step"].program.arenas.values())
     for (name, p), q in zip(eager_model.named_parameters(), model.parameters()):
         np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
         np.testing.assert_allclose(q.numpy(), p.numpy(), rtol=0, atol=1e-12, err_msg=name)
+        # the model keeps its parameters and gradients in memory of its own, not in the replay's arena
+        assert not any(np.shares_memory(q.data.storage, a) or np.shares_memory(q.grad.data.storage, a) for a in arenas)
 
 
 def test_the_gpt_step_compiled_equals_pytorch_in_float64(gpt_runs):

@@ -244,7 +244,8 @@ class _Maker:
 
 def _rule_cases():
     """(name, group's nodes, candidate, whether it may join, the hint if your answer differs)."""
-    R, n = (int(v) for v in rng().integers(2, 9, 2))
+    p1, p2 = (int(v) for v in rng().integers(2, 5, 2))
+    R, n = p1 * p2, int(rng().integers(2, 9))
     while n == R:
         n = int(rng().integers(2, 9))
     s = int(rng().integers(2, 7))
@@ -256,6 +257,10 @@ def _rule_cases():
     cases.append(("an elementwise op on a value of the group, same shape", [a],
                   mk.node("zip", "mul", [a_out, mk.source("input", (R, n))], (R, n)), True,
                   "a chain of elementwise ops of one shape is the plain case: it joins"))
+    cases.append(("a reshape of a value of the group that keeps the last dim", [a],
+                  mk.node("map", "neg", [mk.ref(a_out.buffer, (p1, p2, n))], (p1, p2, n)), True,
+                  f"compare rows, not shapes (rows_of): ({R}, {n}) and ({p1}, {p2}, {n}) are the same {R} rows of "
+                  f"{n}, with every element in its place, so a loop over one serves the other"))
     cases.append(("a bias row added to a value of the group (broadcast, made outside)", [a],
                   mk.node("zip", "add", [a_out, mk.source("state", (n,))], (R, n)), True,
                   "a value made outside the group may be read through any view (here a row for every row)"))
@@ -269,7 +274,7 @@ def _rule_cases():
     r = mk.node("reduce", "max", [a_out], (R, 1), dim=1)
     cases.append(("a per-row value computed from the reduction", [a, r],
                   mk.node("zip", "div", [r.out, mk.source("const", ())], (R, 1)), True,
-                  "in a group with a reduction, a node of the row shape (..., 1) is a row member: it joins"))
+                  "in a group with a reduction, a node with one value per row ((rows, 1)) is a row member: it joins"))
     cases.append(("a value of the row shape in a group without a reduction", [a],
                   mk.node("map", "neg", [mk.source("input", (R, 1))], (R, 1)), False,
                   "a row-shaped node only joins a group that has a reduction (group.reduces)"))
@@ -288,7 +293,7 @@ def _rule_cases():
                   "a value made inside the group is read at the element's own index: the view must also start at "
                   "offset 0 (ref.view.offset)"))
     cases.append(("a node of another shape", [a], mk.node("map", "neg", [mk.source("input", (n, R))], (n, R)), False,
-                  "a node joins only if its shape is the group's (or the row shape, in a group with a reduction)"))
+                  "a node joins only if it has the group's rows (or one value per row, in a group with a reduction)"))
     cases.append(("a product", [a], mk.node("matmul", "", [a_out, mk.source("state", (n, s))], (R, s)), False,
                   "products stay with BLAS: only fusable nodes join (use fusable(node))"))
     cases.append(("a copy into a view of a scratch buffer", [a],
@@ -312,7 +317,7 @@ def _rule_cases():
 
 @exercise
 def can_join(your_can_join):
-    """The fusion rule on 16 hand-made cases of random sizes, each with its answer written out, then a
+    """The fusion rule on 17 hand-made cases of random sizes, each with its answer written out, then a
     compiled float64 step grouped by your rule (a rule that fuses too much gives wrong numbers)."""
     from course_lib.compiler import Pieces
     from course_lib.compiler.fuse import Group
@@ -328,7 +333,7 @@ def can_join(your_can_join):
                 f"case: {name}\n  your rule says {bool(answer)}, it should say {expected}\n"
                 f"  the group: {group}\n  the node: {candidate!r}", hint=hint)
     replays = compiled_matches_eager(Pieces(can_join=your_can_join), "can_join")
-    return f"16 cases, and {replays} replays of a compiled step equal to eager (float64)"
+    return f"17 cases, and {replays} replays of a compiled step equal to eager (float64)"
 
 
 # ---- 3. the loop of one pointwise group ------------------------------------------------------------------------

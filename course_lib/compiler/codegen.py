@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from course_lib.compiler.fuse import COL, FULL, GENERAL, ONE, ROW, broadcast_strides, read_kind
+from course_lib.compiler.fuse import COL, FULL, GENERAL, ONE, ROW, broadcast_strides, read_kind, rows_of
 from course_lib.compiler.ir import CONST
 from course_lib.compiler.scalar import EXPR, REDUCE
 
@@ -42,6 +42,7 @@ class Load:
     ref: object = None        # the Ref it comes from (None in hand-made descriptions)
     dtype: str = "float32"
     inner: int | None = None  # GENERAL: the stride along a row when it is 1 or 0 (None: another one)
+    shape: tuple = ()         # GENERAL: the shape it is read over (its node's, with the loop's rows)
 
 
 @dataclass
@@ -86,7 +87,8 @@ def describe(group, needed):
     loads, load_of, steps, name_of, stores = [], {}, [], {}, []
     shape = tuple(group.shape)
     for node in group.nodes:
-        role = "reduce" if node.kind == "reduce" else ("vec" if tuple(node.shape) == shape else "row")
+        loop = tuple(node.inputs[0].shape) if node.kind == "reduce" else tuple(node.shape)
+        role = "reduce" if node.kind == "reduce" else ("vec" if rows_of(loop) == rows_of(shape) else "row")
         args = []
         for ref in node.inputs:
             buf = ref.buffer
@@ -95,12 +97,13 @@ def describe(group, needed):
             elif buf.kind == CONST and buf.size == 1 and buf.dtype.kind == "f":
                 args.append(("const", float(buf.value[0])))
             else:
-                kind = read_kind(ref, shape)
-                key = (buf.id, ref.view, kind)
+                over = loop if role != "row" else tuple(loop[:-1]) + (shape[-1] if shape else 1,)
+                kind = read_kind(ref, over)
+                key = (buf.id, ref.view, kind, over if kind == GENERAL else None)
                 if key not in load_of:
                     load_of[key] = len(loads)
-                    inner = broadcast_strides(ref.view, shape)[-1] if shape and kind == GENERAL else None
-                    loads.append(Load(kind, ref, buf.dtype.name, inner if inner in (0, 1) else None))
+                    inner = broadcast_strides(ref.view, over)[-1] if over and kind == GENERAL else None
+                    loads.append(Load(kind, ref, buf.dtype.name, inner if inner in (0, 1) else None, over))
                 args.append(("load", load_of[key]))
         op = node.op if node.kind in ("map", "zip", "reduce") else node.kind
         name = f"t{len(steps)}"
@@ -283,11 +286,11 @@ def general_arguments(kernel):
     """The extra arguments of rows_source's GENERAL loads: for each, where each row starts (an int64 array,
     one entry per row) and, when the stride along a row is neither 0 nor 1, that stride."""
     out = []
-    lead = kernel.shape[:-1]
     for ld in kernel.loads:
         if ld.kind != GENERAL:
             continue
-        strides = broadcast_strides(ld.ref.view, kernel.shape)
+        lead = ld.shape[:-1]
+        strides = broadcast_strides(ld.ref.view, ld.shape)
         base = np.zeros(lead, dtype=np.int64)
         for d, (size, stride) in enumerate(zip(lead, strides[:-1])):
             base = base + (np.arange(size, dtype=np.int64) * stride).reshape((size,) + (1,) * (len(lead) - d - 1))

@@ -8,13 +8,14 @@ Which nodes may share a loop is `can_join(group, node)`, the rule:
 
 - only elementwise nodes (map, zip, where, one_hot) and reductions over the last dim join a group;
   products stay with BLAS, and copies into views, islands and fills stay alone;
-- a group has one loop shape, its first node's (for a reduction, its input's): an elementwise node of
-  that shape is a `vec` member; a reduction over the last dim of a value of that shape makes the group
-  a row group, whose members may also be `row` values, one per row (shape (..., 1)): the reduction's
-  result and elementwise nodes on it;
-- a value made inside the group is read where it lies: a vec value at the element's own index (FULL),
-  a row value at the row's index (COL) by a vec member, or at its own index by a row member. Another
-  view (a transpose, a slice) would need values the loop has not made yet, or made by another row;
+- a group loops over the rows of one shape, its first node's (for a reduction, its input's): `group.rows`,
+  (rows, n) as `rows_of` gives them. An elementwise node with those rows is a `vec` member; a reduction
+  over the last dim of a value with those rows makes the group a row group, whose members may also be
+  `row` values, one per row (rows (rows, 1)): the reduction's result and elementwise nodes on it;
+- a value made inside the group is read where it lies, over the node's own shape: a vec value at the
+  element's own index (FULL), a row value at the row's index (COL) by a vec member, or at its own index
+  by a row member. Another view (a transpose, a slice) would need values the loop has not made yet, or
+  made by another row;
 - a value made outside the group must exist before the group starts: the group runs as one kernel at its
   first node's place (`group.first`), so it cannot wait for a group that starts later (`producer.start`;
   that group might even need this one's results: a cycle).
@@ -66,6 +67,14 @@ def row_shape(shape):
     return tuple(shape[:-1]) + (1,)
 
 
+def rows_of(shape):
+    """A loop's (rows, n): how many rows of the last dim, and its length. (768, 512) and (12, 64, 512) have
+    the same rows: a reshape that keeps the last dim keeps every element in its place (a Linear layer
+    works on (rows, in) and hands back (B, T, out))."""
+    shape = tuple(shape)
+    return (math.prod(shape[:-1]), shape[-1]) if shape else (1, 1)
+
+
 def fusable(node):
     """A node that can be one step of a loop: elementwise, or a reduction (over the last dim, see the rule)."""
     return (node.kind in ELEMENTWISE and not node.attrs.get("into")) or node.kind == "reduce"
@@ -86,6 +95,7 @@ class Group:
         else:
             self.shape = tuple(node.shape)
             self.reduces = False
+        self.rows = rows_of(self.shape)
 
     def add(self, node):
         self.nodes.append(node)
@@ -110,20 +120,19 @@ def can_join(group, node):
     if not (group.fusable and fusable(node)):
         return False
     if node.kind == "reduce":
-        role = "reduce"
-        if node.attrs["dim"] != len(group.shape) - 1 or tuple(node.inputs[0].shape) != group.shape:
+        role, loop = "reduce", tuple(node.inputs[0].shape)
+        if node.attrs["dim"] != len(loop) - 1 or rows_of(loop) != group.rows:
             return False
-    elif tuple(node.shape) == group.shape:
-        role = "vec"
-    elif group.reduces and tuple(node.shape) == row_shape(group.shape):
-        role = "row"
+    elif rows_of(node.shape) == group.rows:
+        role, loop = "vec", tuple(node.shape)
+    elif group.reduces and rows_of(node.shape) == (group.rows[0], 1):
+        role, loop = "row", tuple(node.shape)
     else:
         return False
-    loop = row_shape(group.shape) if role == "row" else group.shape
     for ref in node.inputs:
         producer = ref.buffer.producer
         if producer in group:
-            made_per_row = tuple(producer.shape) != group.shape
+            made_per_row = rows_of(producer.shape) != group.rows
             wanted = FULL if (role == "row" or not made_per_row) else COL
             if read_kind(ref, loop) != wanted or ref.view.offset != 0:
                 return False
@@ -169,7 +178,7 @@ def _merge(a, b, rule):
     trial = Group(early.nodes[0])
     for n in early.nodes[1:]:
         trial.add(n)
-    trial.shape, trial.reduces = early.shape, early.reduces
+    trial.shape, trial.rows, trial.reduces = early.shape, early.rows, early.reduces
     for n in late.nodes:
         if not rule(trial, n):
             for m in early.nodes:

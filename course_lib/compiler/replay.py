@@ -22,7 +22,7 @@ import numpy as np
 
 from course_lib.compiler import index, kernels
 from course_lib.compiler.codegen import describe, general_arguments, generate, pointwise_source
-from course_lib.compiler.fuse import FULL, can_join, group_nodes
+from course_lib.compiler.fuse import can_join, group_nodes
 from course_lib.compiler.ir import CONST, INPUT, SCRATCH, STATE, TEMP
 from course_lib.compiler.plan import lifetimes, place
 from course_lib.compiler.trace import Unsupported, _tensors_in, describe_where
@@ -250,10 +250,10 @@ def build(graph, rule=can_join, pointwise=pointwise_source, parallel_min=1 << 17
             naive += b.size * b.dtype.itemsize
         if b_id not in arrays:
             sizes.setdefault(b.dtype.name, {})[b_id] = b.size
-    placement = {}
+    placement, arenas = {}, {}
     for dtype, group_sizes in sizes.items():
         p = place(group_sizes, {k: spans[k] for k in group_sizes})
-        arena = np.zeros(max(p.size, 1), dtype=dtype)
+        arena = arenas[dtype] = np.zeros(max(p.size, 1), dtype=dtype)
         for b_id, offset in p.offsets.items():
             arrays[b_id] = arena[offset:offset + buffers[b_id].size]
         placement[dtype] = p
@@ -272,16 +272,18 @@ def build(graph, rule=can_join, pointwise=pointwise_source, parallel_min=1 << 17
     source = "\n".join(lines) + "\n"
     exec(compile(source, "<compiled step>", "exec"), scope)
     installs = []
+    persistent = {t.id: arrays[s_id] for s_id, t in carried.items()}   # where carried state lives between calls
     for slot in graph.slots:   # the places the step's objects keep: what they must hold before each replay
         if slot.after is None:
             continue
-        td = TensorData(arrays[slot.after.buffer.id] if slot.after.buffer.id in arrays else slot.after.buffer.array,
-                        slot.after.view.shape, slot.after.view.strides, slot.after.view.offset)
+        b = slot.after.buffer
+        memory = persistent.get(b.id, arrays.get(b.id, b.array))
+        td = TensorData(memory, slot.after.view.shape, slot.after.view.strides, slot.after.view.offset)
         td = slot.get() if slot.get() is not None and _same_memory(slot.get(), td) else td
         watched = slot.before is not None and slot.before.buffer.id in used
         installs.append((slot, td, watched))
     program = Program(graph, launches, arrays, source, placement, naive, finals, installs)
-    program.replay = scope["replay"]
+    program.replay, program.arenas = scope["replay"], arenas
     _forget_capture(graph, arrays)
     return program
 
@@ -310,13 +312,11 @@ def _refs_in(value):
 
 
 def _reads_in_place(launch, s_id, t_id):
-    """Whether the launch that writes t may write it over s: it reads s only at the element it writes."""
-    if launch.kind == "kernel":
-        k = launch.kernel
-        if not all(s.role == "vec" for s in k.steps):
-            return False
-        loads = [ld for ld in k.loads if ld.ref.buffer.id == s_id]
-        return all(ld.kind == FULL and ld.ref.view.offset == 0 for ld in loads)
+    """Whether the launch that writes t may write it over s, in place: a lone numpy call that reads s only
+    at the element it writes. Not a generated kernel: LLVM vectorizes a loop only after checking at run
+    time that its outputs do not overlap its inputs, and an update in place overlaps, so the loop would
+    run one element at a time (4 to 7 times slower for Adam's update); such a kernel writes elsewhere, and
+    the program copies the result back at its end."""
     if launch.kind == "ufunc":
         node = launch.nodes[0]
         return all(r.view == node.out.view for r in node.inputs if r.buffer.id == s_id)
