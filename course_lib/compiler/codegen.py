@@ -170,6 +170,34 @@ def stage_of(kernel):
     return stage
 
 
+BLOCK = 512   # elements per block of blocked_source
+
+
+def blocked_source(kernel):
+    """The loop of a pointwise kernel that writes over memory it reads (an optimizer's update of its state,
+    in place): each block of a row is computed into small arrays of the kernel's own, then copied out, so
+    that LLVM sees no overlap between what the inner loop reads and writes, and vectorizes it."""
+    outs = [f"out{k}" for k in range(len(kernel.stores))]
+    ins = [f"in{j}" for j in range(len(kernel.loads))]
+    by_name = {s.name: s for s in kernel.steps}
+    lines = [f"def kernel({', '.join(outs + ins + ['R', 'n'])}):", "    for r in prange(R):"]
+    for k, name in enumerate(kernel.stores):
+        lines.append(f"        b{k} = np.empty({BLOCK}, {FLOAT[by_name[name].dtype]})")
+    lines += [f"        for lo in range(0, n, {BLOCK}):", f"            m = min({BLOCK}, n - lo)",
+              "            base = r * n + lo"]
+    for j, load in enumerate(kernel.loads):
+        index = {FULL: "base:base + m", ROW: "lo:lo + m", COL: "r", ONE: "0"}[load.kind]
+        lines.append(f"            a{j} = in{j}[{index}]")
+    lines.append("            for j in range(m):")
+    for step in kernel.steps:
+        lines.append(f"                {step.name} = {expression(step, kernel)}")
+    for k, name in enumerate(kernel.stores):
+        lines.append(f"                b{k}[j] = {name}")
+    for k in range(len(outs)):
+        lines.append(f"            out{k}[base:base + m] = b{k}[:m]")
+    return "\n".join(lines)
+
+
 EXPENSIVE = {"exp", "log", "sigmoid", "tanh", "gelu", "gelu_grad", "sqrt", "div", "pow"}
 
 

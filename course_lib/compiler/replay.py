@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from course_lib.compiler import index, kernels
-from course_lib.compiler.codegen import describe, general_arguments, generate, pointwise_source
-from course_lib.compiler.fuse import can_join, group_nodes
+from course_lib.compiler.codegen import blocked_source, describe, general_arguments, generate, pointwise_source
+from course_lib.compiler.fuse import FULL, can_join, group_nodes
 from course_lib.compiler.ir import CONST, INPUT, SCRATCH, STATE, TEMP
 from course_lib.compiler.plan import lifetimes, place
 from course_lib.compiler.trace import Unsupported, _tensors_in, describe_where
@@ -192,7 +192,7 @@ def build(graph, rule=can_join, pointwise=pointwise_source, parallel_min=1 << 17
             ctx_pins |= {id(t.data.storage) for t in _tensors_in(node.attrs["ctx"], [])}
     by_storage = {id(b.array): b for b in graph.buffers}
     ctx_pins = {by_storage[s].id for s in ctx_pins if s in by_storage and by_storage[s].kind in (TEMP, SCRATCH)}
-    nodes = live_nodes(graph, keep | ctx_pins)
+    nodes = _without_needless_fills(live_nodes(graph, keep | ctx_pins))
     buffers = {b.id: b for b in graph.buffers}
     groups = group_nodes(nodes, rule)
     group_of = {n.id: g for g in groups for n in g.nodes}
@@ -288,6 +288,27 @@ def build(graph, rule=can_join, pointwise=pointwise_source, parallel_min=1 << 17
     return program
 
 
+def _without_needless_fills(nodes):
+    """The nodes without the zero fills of scratch buffers that the writes after them cover entirely
+    (an optimizer's flat gradient, made by `cat`): the zeros would all be written over."""
+    out = []
+    for node in nodes:
+        if node.kind == "fill":
+            buf = node.out.buffer
+            writes = [n for n in nodes if n.attrs.get("into") and n.out.buffer is buf]
+            covered = np.zeros(buf.size, dtype=bool)
+            positions = np.arange(buf.size)
+            for w in writes:
+                covered[_shaped(positions, w.out.view).reshape(-1)] = True
+            if covered.all():
+                for w in writes:
+                    if w.attrs.get("after") is node:
+                        w.attrs["after"] = None
+                continue
+        out.append(node)
+    return out
+
+
 def _same_memory(a, b):
     return a.storage is b.storage or (a.storage.__array_interface__["data"][0] == b.storage.__array_interface__["data"][0]
                                       and a.shape == b.shape and a.strides == b.strides and a.offset == b.offset)
@@ -312,14 +333,18 @@ def _refs_in(value):
 
 
 def _reads_in_place(launch, s_id, t_id):
-    """Whether the launch that writes t may write it over s, in place: a lone numpy call that reads s only
-    at the element it writes. Not a generated kernel: LLVM vectorizes a loop only after checking at run
-    time that its outputs do not overlap its inputs, and an update in place overlaps, so the loop would
-    run one element at a time (4 to 7 times slower for Adam's update); such a kernel writes elsewhere, and
-    the program copies the result back at its end."""
+    """Whether the launch that writes t may write it over s, in place: it reads s only at the element it
+    writes. A lone numpy call may; so may a kernel without reductions whose loads of s are FULL, which is
+    then written block by block (codegen.blocked_source: LLVM vectorizes a loop only after checking at
+    run time that its outputs do not overlap its inputs, and an update in place overlaps)."""
     if launch.kind == "ufunc":
         node = launch.nodes[0]
         return all(r.view == node.out.view for r in node.inputs if r.buffer.id == s_id)
+    if launch.kind == "kernel" and launch.kernel.is_pointwise() and all(st.op != "one_hot" for st in launch.kernel.steps):
+        loads = [ld for ld in launch.kernel.loads if ld.ref.buffer.id == s_id]
+        if all(ld.kind == FULL and ld.ref.view.offset == 0 for ld in loads):
+            launch.in_place = True
+            return True
     return False
 
 
@@ -419,7 +444,7 @@ def _bind(launch, k, arrays, names, scope, buffers, parallel_min, threads):
     # a generated kernel
     kernel = launch.kernel
     kernel.parallel = threads > 1 and kernel.rows > 1 and np.prod(kernel.shape) >= parallel_min
-    source = generate(kernel, launch.pointwise)
+    source = blocked_source(kernel) if getattr(launch, "in_place", False) else generate(kernel, launch.pointwise)
     reduces = any(s.role != "vec" for s in kernel.steps)
     text = kernels.module_text(source, kernel.parallel, reduces)
     launch.source = text
