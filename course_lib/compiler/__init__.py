@@ -14,7 +14,10 @@ One idea per file, in the order a step goes through them:
     codegen.py     the source of one kernel per group
     kernels.py     compiling the sources with Numba, cached by their text, in memory and on disk
     plan.py        the memory plan: every value a fixed place in one arena
+    launches.py    what each group becomes (a kernel, a BLAS product, a numpy call, an island), bound
+    build.py       from a captured graph to the program: groups, launches, places, the replay's source
     replay.py      the program: one generated function that makes the step's calls in order
+    index.py       the embedding's gather and scatter-add as kernels
     step.py        the compiled step: capture, confirm, build, replay, and the messages
     capturable.py  an optimizer and a gradient clipping whose changing numbers live in tensors
     draw.py        the graph before and after fusion, as chapter 03 draws graphs

@@ -178,5 +178,7 @@ class Graph:
         return out
 
 
-def dtype_name(dtype):
-    return np.dtype(dtype).name
+def shaped(array, view):
+    """The view of a flat array as a numpy array (no copy)."""
+    item = array.itemsize
+    return np.lib.stride_tricks.as_strided(array[view.offset:], view.shape, tuple(s * item for s in view.strides))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from course_lib.compiler import codegen, fuse, guards, kernels, replay, trace
+from course_lib.compiler import build, codegen, fuse, guards, kernels, trace
 from course_lib.compiler.confirm import changed_constants, describe_change, signature
 from course_lib.compiler.trace import describe_where
 
@@ -117,7 +117,7 @@ class CompiledStep:
                                 "the first, so compute it from tensors the step reads (or pass it in as a tensor)",
                                 result)
         before = dict(kernels.STATS)
-        program = replay.build(graph, self.pieces.can_join, self.pieces.pointwise, threads=self.threads)
+        program = build.build(graph, self.pieces.can_join, self.pieces.pointwise, threads=self.threads)
         for key, value in kernels.STATS.items():
             self.stats.kernels[key] = self.stats.kernels.get(key, 0) + value - before[key]
         self.stats.compile_seconds += time.perf_counter() - start

@@ -173,17 +173,17 @@ class Scope:
         return f"{self.fn.__name__}.{self.phase}"
 
 
-def _tensors_in(value, out, depth=0):
+def tensors_in(value, out, depth=0):
     """The tensors held by a value (a Tensor, a tuple or list of them, a context's attributes)."""
     if isinstance(value, Tensor):
         out.append(value)
     elif isinstance(value, (tuple, list)) and depth < 2:
         for v in value:
-            _tensors_in(v, out, depth + 1)
+            tensors_in(v, out, depth + 1)
     elif isinstance(value, autodiff.Context) and depth == 0:
-        _tensors_in(value.saved, out, 1)
+        tensors_in(value.saved, out, 1)
         for v in vars(value).values():
-            _tensors_in(v, out, 1)
+            tensors_in(v, out, 1)
     return out
 
 
@@ -261,7 +261,7 @@ class Tracer:
         return out
 
     def backward(self, fn, ctx, grad, run):
-        scope = Scope(fn, "backward", len(self.nodes), [grad] + _tensors_in(ctx, []), ctx=ctx)
+        scope = Scope(fn, "backward", len(self.nodes), [grad] + tensors_in(ctx, []), ctx=ctx)
         self.scopes.append(scope)
         try:
             grads = run()
