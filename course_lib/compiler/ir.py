@@ -14,6 +14,12 @@ nodes read them through. Each buffer says where its values come from:
 
 A node is one backend call (map, zip, where, reduce, matmul), a copy into a view of a scratch buffer,
 or an op the compiler leaves to Python (an island). `Graph.text()` prints the program.
+
+Why not chapter 03's `Graph`: its nodes are symbolic float64 values, built by calling ops on placeholders,
+their shapes inferred as they are defined. A captured step is made of calls that already happened, on
+memory seen through views, in float32 or float64, with writes into scratch memory and state to read and
+write back; it needs its own nodes. What carries over is chapter 03's way of drawing a graph
+(`course_lib.viz.draw_graph`, see draw.py) and chapter 09's lifetimes for the memory plan (plan.py).
 """
 
 from __future__ import annotations
