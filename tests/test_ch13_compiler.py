@@ -117,6 +117,11 @@ def test_the_learning_rate_set_between_calls_needs_no_new_capture(gpt_runs):
     assert len(step.programs) == 1 and step.stats.captures == 3
 
 
+def test_a_capture_leaves_the_librarys_backends_as_it_found_them(gpt_runs):
+    from course_lib.tensor import backend
+    assert set(backend.REGISTRY) == {"numpy", "numba", "cuda"} and T.current_backend_name() == "numpy"
+
+
 # ---- what it fuses ------------------------------------------------------------------------------------
 
 

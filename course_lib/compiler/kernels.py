@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -41,9 +42,14 @@ class KernelError(RuntimeError):
 
 
 def cache_dir():
-    """Where generated kernels live: $COURSE_COMPILER_CACHE, else ~/.cache/course_lib/compiler."""
+    """Where generated kernels live: $COURSE_COMPILER_CACHE, else ~/.cache/course_lib/compiler (else, if the
+    home folder cannot be written, a folder in the system's temporary directory)."""
     path = Path(os.environ.get("COURSE_COMPILER_CACHE") or Path.home() / ".cache" / "course_lib" / "compiler")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        path = Path(tempfile.gettempdir()) / "course_lib_compiler"
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 

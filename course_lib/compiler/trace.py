@@ -18,6 +18,7 @@ and what it leaves in them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from course_lib.compiler.ir import CONST, INPUT, SCRATCH, STATE, TEMP, Buffer, Graph, Node, Ref, Slot, View
 from course_lib.tensor import Tensor, autodiff, nn, optim
+from course_lib.tensor import backend as backend_module
 from course_lib.tensor import functions as F
 from course_lib.tensor.backend import Backend, current_backend, register_backend, use_backend
 from course_lib.tensor.tensor_data import TensorData
@@ -155,7 +157,21 @@ class TracingBackend(Backend):
 
 
 TRACING = TracingBackend()
-register_backend(TRACING.name, TRACING)
+
+
+@contextlib.contextmanager
+def tracing(tracer):
+    """Inside the block, every backend call and every op goes to `tracer`. The tracing backend is
+    registered for the block only, so the library's list of backends is the same before and after."""
+    register_backend(TRACING.name, TRACING)
+    TRACING.tracer = tracer
+    try:
+        with use_backend(TRACING.name), autodiff.op_mode(tracer):
+            yield
+    finally:
+        TRACING.tracer = None
+        backend_module.REGISTRY.pop(TRACING.name, None)
+        backend_module._loaded.pop(TRACING.name, None)
 
 
 # ---- the tracer ---------------------------------------------------------------------------------------
@@ -468,12 +484,8 @@ def capture(fn, args, recorder=None):
             buf = tracer.by_storage.get(id(td.storage)) or tracer.buffer(STATE, td.storage, slot.name, [])
             buf.origin.append(slot.name)
             slot.before = Ref(buf, View.of(td))
-    TRACING.tracer = tracer
-    try:
-        with use_backend(TRACING.name), autodiff.op_mode(tracer):
-            result = fn(*[s[1] for s in statics])
-    finally:
-        TRACING.tracer = None
+    with tracing(tracer):
+        result = fn(*[s[1] for s in statics])
     for slot in find_slots(args):  # the places the step added (an optimizer's state, at its first step)
         if all(slot.owner is not s.owner or slot.key != s.key or slot.how != s.how for s in slots):
             slots.append(slot)
