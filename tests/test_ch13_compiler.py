@@ -345,3 +345,27 @@ def test_the_capturable_optimizers_match_the_librarys():
         assert abs(a - b) <= 1e-12
     opt2.lr = 0.5
     assert float(opt2.lr.item()) == 0.5 and isinstance(opt2.lr, T.Tensor)
+
+
+def test_chapter_12s_pieces_with_numpy_backwards_run_as_islands(workspace, capsys):
+    """Chapter 12's assembled GPT (the course's pieces, as when a learner saved none): its embedding's and its
+    products' backwards are numpy functions, so they are islands; the embedding's keeps the batch's indices
+    in its context, which each replay sets again. The step equals the eager one."""
+    from course_lib.yours import capstone
+
+    parts = capstone.assemble(quiet=True)
+    torch.manual_seed(4)
+    reference = TorchGPT(CONFIG).double()
+    eager_model, model = parts.GPT.from_torch(reference), parts.GPT.from_torch(reference)
+    eager_opt, opt = capturable.configure_optimizer(eager_model, TRAIN), capturable.configure_optimizer(model, TRAIN)
+    step = compile_step(capturable.train_step)
+    rng = np.random.default_rng(5)
+    with parts.running():
+        for _ in range(5):
+            x, y = (rng.integers(0, CONFIG.vocab_size, (2, 7)) for _ in range(2))
+            expected = capturable.train_step(eager_model, eager_opt, x, y).item()
+            assert abs(step(model, opt, x, y).item() - expected) <= 1e-12
+    lines = capsys.readouterr().out.splitlines()
+    assert any("Embedding.backward works outside the backend" in line for line in lines)
+    assert any("MatMul.backward works outside the backend" in line for line in lines)
+    assert step.stats.replays == 2 and step.program.counts()["island"] == 6 * CONFIG.n_layer + 1 + 2

@@ -117,6 +117,13 @@ def build(graph, rule=can_join, pointwise=pointwise_source, parallel_min=1 << 17
         lines.append("    pass")
     source = "\n".join(lines) + "\n"
     exec(compile(source, "<compiled step>", "exec"), scope)
+    for node in nodes:   # a backward island keeps the capture's ctx: its tensors must see the replay's memory
+        if node.kind == "island" and node.attrs["phase"] == "backward" and node.attrs.get("forward") is None:
+            for t in tensors_in(node.attrs["ctx"], []):
+                buf = by_storage.get(id(t.data.storage))
+                memory = arrays.get(buf.id) if buf is not None else None
+                if memory is not None and memory is not t.data.storage:
+                    t.data = TensorData(memory, t.data.shape, t.data.strides, t.data.offset)
     installs = []
     persistent = {t.id: arrays[s_id] for s_id, t in carried.items()}   # where carried state lives between calls
     for slot in graph.slots:   # the places the step's objects keep: what they must hold before each replay

@@ -56,7 +56,7 @@ def signature(graph):
                 value = None if value is None else position.get(value.id)
             elif key == "outs":
                 value = tuple(ref(r) for r in value)
-            elif key == "kwargs":
+            elif key in ("kwargs", "ctx_inputs"):
                 value = tuple((k, argument(v)) for k, v in sorted(value.items()))
             attrs.append((key, value))
         nodes.append((n.kind, n.op, tuple(attrs), tuple(ref(r) for r in n.inputs), ref(n.out), n.scope))
@@ -87,7 +87,7 @@ def _constants(graph):
     for n in graph.nodes:
         for r in n.inputs:
             visit(r.buffer)
-        for value in n.attrs.get("kwargs", {}).values():
+        for value in list(n.attrs.get("kwargs", {}).values()) + list(n.attrs.get("ctx_inputs", {}).values()):
             if value[0] == "const":
                 out.append((value[1], n.where))
     for s in graph.slots:

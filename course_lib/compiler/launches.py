@@ -198,14 +198,18 @@ def _island(node, arrays):
             ctx = Context(fn.__name__, needs)
             td = fn.forward(ctx, *tensors, **kwargs)
             holder[0] = ctx
-            np.copyto(outs[0], td.to_numpy())
+            if outs[0] is not None:   # None: its result is a view of memory it was given, already in place
+                np.copyto(outs[0], td.to_numpy())
         return run
     forward = node.attrs.get("forward")
     capture_ctx = node.attrs["ctx"]
     grad = tensors[0]
+    refreshed = {k: _kwarg(v, arrays) for k, v in node.attrs.get("ctx_inputs", {}).items() if v[0] == "input"}
 
     def run_backward():
         ctx = forward.attrs["replay_ctx"][0] if forward is not None else capture_ctx
+        for key, value in refreshed.items():   # this call's index arrays, where the capture's were
+            setattr(ctx, key, value)
         grads = fn.backward(ctx, grad)
         grads = grads if isinstance(grads, tuple) else (grads,)
         for out, g in zip(outs, grads):

@@ -203,6 +203,9 @@ def tensors_in(value, out, depth=0):
     return out
 
 
+LIBRARY = {"Embedding": F.Embedding, "CrossEntropy": F.CrossEntropy}   # as imported (a learner's swap aside)
+
+
 def _is(fn, library_fn):
     """fn is the library's op, or a subclass that keeps its forward (and so its meaning)."""
     return isinstance(fn, type) and issubclass(fn, library_fn) and fn.forward is library_fn.forward
@@ -265,7 +268,7 @@ class Tracer:
 
     # ---- the op mode
     def apply(self, fn, inputs, kwargs, run):
-        if _is(fn, F.CrossEntropy):
+        if _is(fn, LIBRARY["CrossEntropy"]):
             self.one_hot(inputs[1])
         scope = Scope(fn, "forward", len(self.nodes), [t for t in inputs if isinstance(t, Tensor)], kwargs)
         self.scopes.append(scope)
@@ -297,7 +300,9 @@ class Tracer:
 
     def close(self, scope, outs):
         """An op ended: if it worked outside the backend, replace what it recorded by one island node."""
-        fresh = [t for t in outs if isinstance(t, Tensor) and id(t.data.storage) not in self.by_storage]
+        given = {id(t.data.storage) for t in scope.tensors}   # a view of an input is not new memory
+        fresh = [t for t in outs if isinstance(t, Tensor) and id(t.data.storage) not in self.by_storage
+                 and id(t.data.storage) not in given]
         after_island = scope.phase == "backward" and id(scope.ctx) in self.island_of_ctx  # its ctx is Python's
         if not scope.reads and not fresh and not after_island:
             return
@@ -336,13 +341,17 @@ class Tracer:
             node.attrs["ctx"] = scope.ctx
             if forward is not None:
                 node.where = forward.where
+            else:  # the capture's own ctx: its integer arrays of the step's inputs are set again at each replay
+                node.attrs["ctx_inputs"] = {k: self.argument(v) for k, v in vars(scope.ctx).items()
+                                            if isinstance(v, np.ndarray) and v.dtype.kind in "iu"}
         self.nodes.append(node)
 
     def lower_embedding(self, scope, outs):
         """The library's Embedding as a gather node (forward) and a scatter-add node (backward, if it is
         the library's), instead of islands; False where the layouts are not the plain ones."""
         fn = scope.fn
-        if not _is(fn, F.Embedding) or (scope.phase == "backward" and fn.backward is not F.Embedding.backward):
+        library = LIBRARY["Embedding"]
+        if not _is(fn, library) or (scope.phase == "backward" and fn.backward is not library.backward):
             return False
         if scope.phase == "forward":
             source, idx, kind = scope.tensors[0], scope.kwargs.get("idx"), "gather"
