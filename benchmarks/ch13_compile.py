@@ -27,16 +27,9 @@ import subprocess
 import sys
 import tempfile
 
+import common  # first: the thread pools of numpy, torch and Numba read their thread count once, at import
 
-def _threads_from_argv(default=1):
-    args = sys.argv[1:]
-    return int(args[args.index("--threads") + 1]) if "--threads" in args else default
-
-
-THREADS = _threads_from_argv()
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ[var] = str(THREADS)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+THREADS = common.pin_threads()
 
 import collections  # noqa: E402
 import time  # noqa: E402
