@@ -5,6 +5,9 @@ derivative needs in `ctx`) and a `backward` (given d(loss)/d(output), return
 d(loss)/d(input) for each input). `Function.apply` runs forward and records the
 op in the output tensor, so the outputs remember how they were made: that record
 is the graph that `backward` walks in reverse topological order.
+
+`op_mode` is the one plug-in point for tools that watch ops as they run (chapter 13's compiler
+records a training step through it); with no mode in force it costs one test per op.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 
 _grad_enabled = [True]
+_modes = []  # the op modes in force, innermost last (see op_mode)
 
 
 def is_grad_enabled() -> bool:
@@ -27,6 +31,22 @@ def no_grad():
         yield
     finally:
         _grad_enabled[0] = previous
+
+
+@contextlib.contextmanager
+def op_mode(mode):
+    """Inside the block, every op runs through `mode`, as torch's TorchDispatchMode does:
+
+        Function.apply(...)   calls mode.apply(cls, inputs, kwargs, run), where run() applies the op as usual
+        the backward pass     calls mode.backward(cls, ctx, grad, run), where run() calls cls.backward
+        Tensor.item, .numpy   call mode.read(tensor) before a value leaves the library for Python
+
+    The mode returns what run() returns. Modes nest: the innermost one sees the ops."""
+    _modes.append(mode)
+    try:
+        yield mode
+    finally:
+        _modes.remove(mode)
 
 
 class Context:
@@ -60,6 +80,13 @@ class Function:
 
     @classmethod
     def apply(cls, *inputs, **kwargs):
+        if _modes:
+            return _modes[-1].apply(cls, inputs, kwargs, lambda: cls._apply(inputs, kwargs))
+        return cls._apply(inputs, kwargs)
+
+    @classmethod
+    def _apply(cls, inputs, kwargs):
+        """Run forward and, if any input needs a gradient, record the op in the output."""
         needs = tuple(t.requires_grad for t in inputs) if _grad_enabled[0] else ()
         track = True in needs
         ctx = Context(cls.__name__, needs)
@@ -111,7 +138,11 @@ def backward(root, grad) -> None:
                 node._accumulate(g)
             if node._fn is None:
                 continue
-            in_grads = node._fn.backward(node._ctx, g)
+            if _modes:
+                fn, ctx = node._fn, node._ctx
+                in_grads = _modes[-1].backward(fn, ctx, g, lambda: fn.backward(ctx, g))
+            else:
+                in_grads = node._fn.backward(node._ctx, g)
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
             for parent, pg in zip(node._parents, in_grads):

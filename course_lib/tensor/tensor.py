@@ -105,6 +105,8 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """A numpy copy of the values (never shares memory with the tensor)."""
+        if autodiff._modes:
+            autodiff._modes[-1].read(self)
         return np.array(self.data.to_numpy())
 
     def tolist(self):
@@ -113,6 +115,8 @@ class Tensor:
     def item(self) -> float:
         if self.numel() != 1:
             raise ValueError(f"item: only a tensor with one element has an item, this one has shape {self.shape}")
+        if autodiff._modes:
+            autodiff._modes[-1].read(self)
         return float(self.data.to_numpy().reshape(-1)[0])
 
     def __repr__(self) -> str:

@@ -1,0 +1,103 @@
+"""What a compiled step asks of the code it captures: no Python numbers that change, no values read mid-step.
+
+Chapter 12's training step does both, as eager code may:
+
+- `optim.AdamW` keeps its step count t as a Python int and bakes 1 - b1**t into each step, and a
+  training loop sets `optimizer.lr` to a new float at each step: a replay would repeat the first call's
+  numbers. Here they live in tensors (as torch's `capturable=True` optimizers keep theirs): the step count
+  is a 0-d tensor of the optimizer's state, counted up by the step itself, and `lr` is a 0-d tensor that
+  setting `optimizer.lr = value` fills in place, between calls.
+- `optim.clip_grad_norm_` reads the norm with `.item()` and tests it in Python: a graph break.
+  `clip_grad_norm` computes the same scale with tensor ops, min(1, max_norm / (norm + 1e-6)), and
+  always multiplies by it (by exactly 1.0 when the norm is small, which changes nothing).
+
+`train_step` is chapter 12's step (forward, backward, clipping, update) written with these.
+"""
+
+import numpy as np
+
+from course_lib.tensor import Tensor, no_grad, optim, where, zeros
+
+
+class AdamW(optim.AdamW):
+    """optim.AdamW with its step count and learning rate in tensors, so a captured step reads them."""
+
+    @property
+    def lr(self):
+        return self._lr
+
+    @lr.setter
+    def lr(self, value):
+        if isinstance(value, Tensor):
+            self._lr = value
+        elif getattr(self, "_lr", None) is None:
+            self._lr = Tensor(np.array(value, dtype=self.params[0].dtype))
+        else:
+            self._lr.copy_(float(value))
+
+    def update(self, p, g, state):
+        b1, b2 = self.betas
+        if "step" not in state:
+            state["step"] = zeros((), dtype=p.dtype)
+            state["m"], state["v"] = zeros(p.shape, dtype=p.dtype), zeros(p.shape, dtype=p.dtype)
+        t = state["step"] = state["step"] + 1.0
+        m = state["m"] = b1 * state["m"] + (1 - b1) * g
+        v = state["v"] = b2 * state["v"] + (1 - b2) * (g * g)
+        decay = self.per_element("weight_decay", self.weight_decay, p)
+        if decay is not None:
+            p = p * (1 - self.lr * decay)
+        m_hat = m / (1 - b1 ** t)
+        v_hat = v / (1 - b2 ** t)
+        return p - self.lr * m_hat / (v_hat.sqrt() + self.eps)
+
+
+class Adam(AdamW):
+    """Adam (weight decay folded into the gradient) with its numbers in tensors."""
+
+    decoupled = False
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+    def update(self, p, g, state):
+        decay = self.per_element("weight_decay", self.weight_decay, p)
+        if decay is not None:
+            g = g + decay * p
+        weight_decay, self.weight_decay = self.weight_decay, 0.0
+        try:
+            return super().update(p, g, state)
+        finally:
+            self.weight_decay = weight_decay
+
+
+def clip_grad_norm(params, max_norm):
+    """optim.clip_grad_norm_ without leaving the graph: every gradient times min(1, max_norm / (norm + 1e-6)).
+    Returns the norm before clipping, as a 0-d tensor."""
+    grads = [p.grad for p in params if p.grad is not None]
+    with no_grad():
+        norm = sum((g * g).sum() for g in grads).sqrt()
+        scale = max_norm / (norm + 1e-6)
+        scale = where(scale < 1.0, scale, 1.0)
+        for p in params:
+            if p.grad is not None:
+                p.grad = p.grad * scale
+    return norm
+
+
+def configure_optimizer(model, cfg):
+    """As course_lib.capstone's: AdamW that decays the matrices only, with its numbers in tensors."""
+    params = model.parameters()
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def train_step(model, optimizer, x, y, grad_clip=1.0):
+    """Chapter 12's step, capturable: forward, backward, clipping, update. Returns the loss tensor."""
+    _, loss = model(x, y)
+    optimizer.zero_grad()
+    loss.backward()
+    if grad_clip:
+        clip_grad_norm(optimizer.params, grad_clip)
+    optimizer.step()
+    return loss

@@ -1,0 +1,95 @@
+"""Chapter 13 carried forward: the learner's saved record, can_join, pointwise_source and guard compile the
+capstone GPT's training step, equal to chapter 12's eager step in float64; a wrong saved piece stops the
+assembly named; the switch gives the course's pieces; the payoff stops at once on a wrong piece."""
+
+import shutil
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+
+from course_lib import nbtools, yours
+from course_lib.capstone import GPT
+from course_lib.capstone import configure_optimizer as eager_optimizer
+from course_lib.capstone import train_step as eager_step
+from course_lib.checks import CheckFailed
+from course_lib.compiler import Pieces, capturable
+from course_lib.gpt.model import GPT as TorchGPT
+from course_lib.gpt.model import GPTConfig
+from course_lib.gpt.trainer import TrainConfig
+from course_lib.yours import compiler
+from tests import carried
+
+CONFIG = GPTConfig(vocab_size=17, block_size=10, n_layer=2, n_head=2, n_embd=12, dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    return carried.saved_workspace(tmp_path_factory, "13") / "yours"
+
+
+@pytest.fixture
+def learner(workspace, saved):
+    shutil.copytree(saved, workspace / "yours")
+    return workspace
+
+
+def counted(fn, calls, name):
+    def wrapped(*args):
+        calls[name] = calls.get(name, 0) + 1
+        return fn(*args)
+    return wrapped
+
+
+def test_the_learners_pieces_compile_the_gpt_step(learner, capsys):
+    pieces = compiler.assemble()
+    assert "chapter 13: your record, can_join, pointwise_source, guard" in capsys.readouterr().out
+    mine = (pieces.record, pieces.can_join, pieces.pointwise, pieces.guard)
+    assert all(f.__module__ == "course_yours_ch13" for f in mine)
+    calls = {}
+    pieces = Pieces(*(counted(f, calls, name) for f, name in zip(mine, ("record", "can_join", "pointwise", "guard"))))
+    torch.manual_seed(0)
+    reference = TorchGPT(CONFIG).double()
+    eager_gpt, gpt = GPT.from_torch(reference), GPT.from_torch(reference)
+    eager_opt, opt = eager_optimizer(eager_gpt, TrainConfig()), capturable.configure_optimizer(gpt, TrainConfig())
+    step = compiler.compile(capturable.train_step, pieces, verbose=False)
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        x, y = (rng.integers(0, CONFIG.vocab_size, (2, 9)) for _ in range(2))
+        assert abs(step(gpt, opt, x, y).item() - eager_step(eager_gpt, eager_opt, x, y)) <= 1e-12
+    for p, q in zip(eager_gpt.parameters(), gpt.parameters()):
+        np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-9, atol=1e-12)
+    assert step.stats.replays == 5
+    # every backend call of the three captures, every node offered to a group, the plain kernels, every call
+    assert calls["record"] > 3 * 300 and calls["can_join"] > 100 and calls["pointwise"] > 3 and calls["guard"] >= 5
+
+
+def test_a_wrong_piece_stops_the_assembly_named_and_the_switch_gives_the_courses(learner, capsys):
+    carried.break_piece("13", "can_join", "producer.start > group.first", "False")
+    with pytest.raises(CheckFailed, match="your saved `can_join`") as failure:
+        compiler.assemble()
+    assert "producer.start < group.first" in str(failure.value)
+    yours.use("13", False)
+    try:
+        pieces = compiler.assemble()
+    finally:
+        yours.use("13", True)
+    assert (pieces.record, pieces.can_join, pieces.pointwise, pieces.guard) == tuple(compiler.COURSE.values())
+    assert "the course's record, can_join, pointwise_source, guard" in capsys.readouterr().out
+
+
+def test_nothing_saved_runs_the_courses_pieces(workspace):
+    pieces = compiler.assemble(quiet=True)
+    assert (pieces.record, pieces.can_join, pieces.pointwise, pieces.guard) == tuple(compiler.COURSE.values())
+
+
+def test_the_payoff_stops_at_once_on_a_wrong_piece(learner):
+    carried.break_piece("13", "guard", "if dtype != entry[2]:", "if False:")
+    (learner / "exercises").mkdir(exist_ok=True)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in carried.payoff_cells("13")])
+    nb = nbtools.execute(nb, cwd=learner / "exercises", allow_errors=True)
+    errors = [(k, o) for k, c in enumerate(nb.cells) for o in c.outputs if o.output_type == "error"]
+    (cell, error), *_ = errors
+    assert cell == 0 and error.ename == "CheckFailed" and "your saved `guard`" in error.evalue
+    assert "another dtype" in error.evalue
