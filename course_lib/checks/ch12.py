@@ -144,13 +144,14 @@ def softmax_function(your_Softmax):
         x, tx = _ours(a), _t(a)
         out, ctx = _forward(your_Softmax, "Softmax", x, dim=dim)
         want = torch.softmax(tx, dim)
-        e = np.exp(a - np.max(a, axis=dim, keepdims=True))
         with np.errstate(all="ignore"):
+            e = np.exp(a - np.max(a, axis=dim, keepdims=True))
             unshifted = np.exp(a) / np.exp(a).sum(dim, keepdims=True)
+            other_dim = e / e.sum(axis=(dim + 1) % a.ndim, keepdims=True)
         assert_close(out.numpy(), want.detach().numpy(), what=f"softmax over dim {dim} of a {a.shape} input",
                      rtol=1e-10, atol=1e-12, inputs={"a": a},
                      mistakes={f"that is the softmax over another dim: use the dim you are given ({dim})":
-                               e / e.sum(axis=(dim + 1) % a.ndim, keepdims=True) if a.ndim > 1 else e,
+                               other_dim,
                                "exp overflowed: subtract each row's max before exp (softmax does not change)":
                                unshifted})
         _one_node(ctx, "Softmax")
