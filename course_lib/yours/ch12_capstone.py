@@ -300,10 +300,11 @@ class Capstone:
         parts = []
         for chapter in sorted(set(self.mine) | set(self.course)):
             mine, course = self.mine.get(chapter, []), self.course.get(chapter, [])
-            what = "kernels " if chapter == "06" else ""
-            said = ([f"your {what}{', '.join(mine)}"] if mine else []) + (
-                [f"the course's {what}for {', '.join(course)}" if chapter == "06" else
-                 f"the course's {', '.join(course)}"] if course else [])
+            if chapter == "06":
+                said = [f"your kernels {', '.join(mine)}", f"the course's kernels for {', '.join(course)}"] if mine \
+                    else ["the course's kernels (none of yours saved, or yours.use(\"06\", False))"]
+            else:
+                said = ([f"your {', '.join(mine)}"] if mine else []) + ([f"the course's {', '.join(course)}"] if course else [])
             parts.append(f"chapter {chapter}: {'; '.join(said)}")
         return "whose pieces run the GPT. " + ". ".join(parts) + "."
 
