@@ -19,6 +19,8 @@ import platform
 import shutil
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 from course_lib import REPO_DIR, build, keep, nbtools, progress, workspace
@@ -32,9 +34,23 @@ def cmd_sync(args=None):
     workspace.mirror_library()
 
 
+def _wrap(text, indent, lines=8):
+    """`text` wrapped to the terminal's width under `indent`, whole words only, at most `lines` lines
+    (a longer message says how to see the rest)."""
+    width = max(60, shutil.get_terminal_size((100, 24)).columns) - len(indent)
+    out = []
+    for para in text.strip().splitlines():
+        out += textwrap.wrap(para, width, break_long_words=False, break_on_hyphens=False,
+                             subsequent_indent="    " if para.startswith("  ") else "") or [""]
+    if len(out) > lines:
+        out = out[:lines] + ["... (the whole message is in the notebook, under the check cell)"]
+    return "\n".join(indent + line for line in out)
+
+
 def cmd_status(args):
     """A table: one row per exercise, grouped by chapter, then a count per chapter. "code used" says
-    whether later chapters run your saved code (work/yours/) or the course's."""
+    whether later chapters run your saved code (work/yours/) or the course's. A failed check's message
+    follows its row, wrapped, never cut."""
     done = progress.load()
     rows, counts = [], []
     for _, ex in build.pairs():
@@ -45,31 +61,50 @@ def cmd_status(args):
             r = results.get(name)
             state = "not started" if r is None else "passed" if r["passed"] else "failed"
             n_passed += state == "passed"
-            note = f"  {r['message'].splitlines()[0][:60]}" if state == "failed" else ""
+            note = r["message"].strip().splitlines()[0] if state == "failed" and r["message"].strip() else ""
             rows.append((ex.stem if i == 0 else "", name, "yours" if name in saved else "course's", state, note))
         counts.append((ex.stem, n_passed, len(names)))
+    w_ch = max([len("chapter")] + [len(r[0]) for r in rows])
+    w_ex = max([len("exercise")] + [len(r[1]) for r in rows])
+    rule = "-" * (w_ch + w_ex + 24)
     colour = {"passed": GREEN, "failed": RED, "not started": ""}
-    print(f"{'chapter':22s} {'exercise':26s} {'code used':10s} status")
+    print(f"{'chapter':{w_ch}s}  {'exercise':{w_ex}s}  {'code used':9s}  status")
     for chapter, name, whose, state, note in rows:
         if chapter:
-            print("-" * 70)
-        print(f"{chapter:22s} {name:26s} {whose:10s} {colour[state]}{state}{RESET if colour[state] else ''}{note}")
-    print("-" * 70)
+            print(rule)
+        print(f"{chapter:{w_ch}s}  {name:{w_ex}s}  {whose:9s}  {colour[state]}{state}{RESET if colour[state] else ''}")
+        if note:
+            print(_wrap(note, " " * (w_ch + 2), lines=3))
+    print(rule)
     print("  ".join(f"{c[:2]}: {p}/{n}" for c, p, n in counts))
     print(f"{sum(p for _, p, _ in counts)} of {sum(n for _, _, n in counts)} exercises passed.")
 
 
-def check_notebook(path, timeout=600):
-    """Run a notebook headless in its own folder; return [(check name, passed, message)]."""
-    nb = nbtools.execute(nbtools.read(path), cwd=path.parent, timeout=timeout, allow_errors=True)
-    results = []
-    for cell in nb.cells:
+def _error_line(cell):
+    errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+    return f"{errors[0].ename}: {errors[0].evalue}" if errors else ""
+
+
+def check_notebook(path, timeout=600, report=None):
+    """Run a notebook headless in its own folder; return [(check name, passed, message, seconds)].
+
+    report(name, passed, message, seconds) is called as each check finishes. Once a check has failed,
+    the closing cells that run the chapter's pieces together (tagged "payoff") are skipped: they would
+    only fail again, slowly."""
+    nb, results, started = nbtools.read(path), [], time.monotonic()
+
+    def skip(cell):
+        return any(not ok for _, ok, _, _ in results) and "payoff" in cell.metadata.get("tags", [])
+
+    for _, cell in nbtools.run_cells(nb, cwd=path.parent, timeout=timeout, allow_errors=True, skip=skip):
         if not build.is_check(cell):
             continue
-        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        msg, seconds = _error_line(cell), time.monotonic() - started
         for name in build.CHECK_CALL.findall(cell.source):
-            msg = f"{errors[0].ename}: {errors[0].evalue}" if errors else ""
-            results.append((name, not errors, msg))
+            results.append((name, not msg, msg, seconds))
+            if report:
+                report(name, not msg, msg, seconds)
+        started = time.monotonic()
     return results
 
 
@@ -77,14 +112,24 @@ def cmd_check(args):
     path = workspace.workspace_dir() / "exercises" / workspace.find(args.chapter).name
     if not path.exists():
         cmd_sync()
-    print(f"running {path} ...")
-    results = check_notebook(path)
-    for name, ok, msg in results:
+    chapter = path.name[:2]
+    total = len(build.check_names(nbtools.read(path)))
+    print(f"running {path} ({total} checks; each line appears as its check finishes)", flush=True)
+    start, done = time.monotonic(), []
+
+    def report(name, ok, msg, seconds):
+        done.append(ok)
         mark = f"{GREEN}passed{RESET}" if ok else f"{RED}failed{RESET}"
-        first = msg.splitlines()[0][:100] if msg else ""
-        print(f"  {mark}  {name}  {first}")
-    n = sum(ok for _, ok, _ in results)
-    print(f"{n} of {len(results)} checks passed.")
+        print(f"  [{len(done)}/{total}] {mark}  {name}  ({seconds:.1f} s)", flush=True)
+        if ok and name in keep.index(chapter):
+            print(f"          kept in work/yours/ch{chapter}.py{keep.used_by(chapter)}", flush=True)
+        if msg:
+            print(_wrap(msg, "          "), flush=True)
+
+    results = check_notebook(path, report=report)
+    n = sum(ok for _, ok, _, _ in results)
+    skipped = " (the chapter's closing cells were skipped: they run once every check passes)" if n < len(results) else ""
+    print(f"{n} of {len(results)} checks passed in {time.monotonic() - start:.0f} s.{skipped}")
     return 0 if n == len(results) else 1
 
 
@@ -145,7 +190,7 @@ def install_kernel():
     from course_lib import device
 
     cmd = [sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3",
-           "--display-name", "Python 3 (course)",
+           "--display-name", nbtools.KERNEL["display_name"],
            # PyTorch's idle OpenMP threads otherwise spin and take the cores from the Numba kernels
            # that run next (20x slower fused kernels in chapter 10 on 2 cores)
            "--env", "OMP_WAIT_POLICY", "PASSIVE"]
@@ -199,17 +244,36 @@ def cmd_setup(args):
     cmd_sync()
 
 
+# Where `course lab` opens: the welcome lesson, with the file browser at the workspace's top.
+START_URL = "/lab/tree/notebooks/00_welcome.ipynb?file-browser-path=/"
+
+
+def lab_argv(root):
+    """The `jupyter lab` command line `course lab` runs: JupyterLab on 127.0.0.1 over the workspace,
+    the welcome lesson open and the file browser at the workspace's top (notebooks/, exercises/,
+    course_lib/ and yours/ in sight). On Linux and macOS the server's kernels talk over local (IPC)
+    sockets in a private folder, so none listens on a TCP port and none prints the plain-TCP warning."""
+    import tempfile
+
+    argv = [sys.executable, "-m", "jupyter", "lab", "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={root}",
+            f"--LabApp.default_url={START_URL}"]
+    if os.name == "posix":
+        sockets = tempfile.mkdtemp(prefix="course-kernels-")
+        argv += ["--KernelManager.transport=ipc", f"--KernelManager.ip={os.path.join(sockets, 'k')}"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        argv.append("--allow-root")
+    return argv
+
+
 def cmd_lab(args):
     cmd_sync()
     install_lab_settings()
     ensure_dot()
-    root = workspace.workspace_dir()
-    argv = [sys.executable, "-m", "jupyter", "lab", "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.root_dir={root}", "--LabApp.default_url=/lab/tree/notebooks/00_welcome.ipynb"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        argv.append("--allow-root")
-    argv += args.jupyter_args
-    os.execv(sys.executable, argv)
+    # JupyterLab's terminals inherit the server's PATH: put this environment's commands (`course`,
+    # `python`, `pip`) first on it, as an activated virtual environment would.
+    bindir = os.path.dirname(sys.executable)
+    os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    os.execv(sys.executable, lab_argv(workspace.workspace_dir()) + args.jupyter_args)
 
 
 def main(argv=None):

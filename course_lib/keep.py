@@ -15,6 +15,27 @@ import time
 from course_lib.capture import defined_here, module_source
 from course_lib.progress import workspace_dir
 
+# The chapters whose closing cells run the code that a chapter's checks keep (assembled by
+# course_lib.yours). A pass line names them, so the learner knows where their code goes next.
+USED_BY = {
+    "01": ["01", "12"],
+    "02": ["02", "06", "12"],
+    "06": ["06", "12"],
+    "07": ["07"],
+    "09": ["09"],
+    "12": ["12"],
+}
+
+
+def used_by(chapter):
+    """", which the closing cells of chapters 02, 06 and 12 run" ("" when no chapter runs it)."""
+    chapters = USED_BY.get(chapter, [])
+    if not chapters:
+        return ""
+    if len(chapters) == 1:
+        return f", which chapter {chapters[0]}'s closing cells run"
+    return f", which the closing cells of chapters {', '.join(chapters[:-1])} and {chapters[-1]} run"
+
 
 def folder():
     return workspace_dir() / "yours"

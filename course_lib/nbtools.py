@@ -16,7 +16,9 @@ import nbformat
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-KERNEL = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+# The kernel `course setup` registers (cli.install_kernel): the notebooks carry its own name, so that
+# JupyterLab has nothing to rewrite when a learner opens one.
+KERNEL = {"name": "python3", "display_name": "Python 3 (course)", "language": "python"}
 
 
 def read(path):
@@ -33,11 +35,13 @@ def write(nb, path):
     Path(path).write_text(dumps(nb), encoding="utf-8")
 
 
-def execute(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3"):
-    """Run every cell in a fresh kernel started in `cwd`; returns the executed notebook.
+def run_cells(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3", skip=None):
+    """Run the notebook's code cells one by one in a fresh kernel started in `cwd`, yielding each
+    (index, cell) once it has run, so a caller can report progress or stop early.
 
-    On Linux and macOS the kernel talks over local (IPC) sockets rather than TCP: nothing is
-    exposed on the network, and the kernel has no plain-TCP warning to print.
+    skip(cell) -> True leaves a cell unrun (its old outputs are cleared). On Linux and macOS the
+    kernel talks over local (IPC) sockets rather than TCP: nothing is exposed on the network, and the
+    kernel has no plain-TCP warning to print.
     """
     km = KernelManager(kernel_name=kernel_name)
     sockets = None
@@ -47,12 +51,26 @@ def execute(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3"):
     client = NotebookClient(nb, km=km, timeout=timeout, kernel_name=kernel_name, allow_errors=allow_errors,
                             resources={"metadata": {"path": str(cwd)}})
     try:
-        client.execute()
+        with client.setup_kernel():
+            for index, cell in enumerate(nb.cells):
+                if cell.cell_type != "code":
+                    continue
+                if skip is not None and skip(cell):
+                    cell.outputs, cell.execution_count = [], None
+                    continue
+                client.execute_cell(cell, index)
+                yield index, cell
     finally:
         if km.has_kernel:
             km.shutdown_kernel(now=True)
         if sockets:
             shutil.rmtree(sockets, ignore_errors=True)
+
+
+def execute(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3"):
+    """Run every cell in a fresh kernel started in `cwd`; returns the executed notebook."""
+    for _ in run_cells(nb, cwd, timeout=timeout, allow_errors=allow_errors, kernel_name=kernel_name):
+        pass
     return nb
 
 

@@ -15,6 +15,8 @@ from course_lib.cuda import puzzles as P
 
 TPB = 8
 TILE = 8
+POOL_BUF = TPB + 2      # shared arrays are sized by names the compiler sees as constants
+CONV_BUF = TPB + 7
 
 
 def test_reference_kernels_pass(capsys):
@@ -223,7 +225,7 @@ def test_block_reverse_rejects(wrong, hint):
 def pool_no_sync(a, out):
     t = cuda.threadIdx.x
     i = cuda.blockIdx.x * TPB + t
-    buf = cuda.shared.array(TPB + 2, a.dtype)
+    buf = cuda.shared.array(POOL_BUF, a.dtype)
     if i < a.size:
         buf[t + 2] = a[i]
     if t < 2:
@@ -236,7 +238,7 @@ def pool_no_sync(a, out):
 def pool_no_halo(a, out):
     t = cuda.threadIdx.x
     i = cuda.blockIdx.x * TPB + t
-    buf = cuda.shared.array(TPB + 2, a.dtype)
+    buf = cuda.shared.array(POOL_BUF, a.dtype)
     if i < a.size:
         buf[t + 2] = a[i]
     if t < 2:
@@ -253,7 +255,23 @@ def pool_global_wrap(a, out):
         out[i] = a[i - 2] + a[i - 1] + a[i]       # a[-1] wraps on the simulator
 
 
-@pytest.mark.parametrize("wrong, hint", [(pool_no_sync, "race"), (pool_no_halo, "halo"), (pool_global_wrap, "wrapped")])
+@cuda.jit
+def pool_sized_by_expression(a, out):
+    """Right values on the simulator, but a GPU's compiler refuses a shared array sized `TPB + 2`."""
+    t = cuda.threadIdx.x
+    i = cuda.blockIdx.x * TPB + t
+    buf = cuda.shared.array(TPB + 2, a.dtype)
+    if i < a.size:
+        buf[t + 2] = a[i]
+    if t < 2:
+        buf[t] = a[i - 2] if i >= 2 else 0.0
+    cuda.syncthreads()
+    if i < a.size:
+        out[i] = buf[t] + buf[t + 1] + buf[t + 2]
+
+
+@pytest.mark.parametrize("wrong, hint", [(pool_no_sync, "race"), (pool_no_halo, "halo"), (pool_global_wrap, "wrapped"),
+                                         (pool_sized_by_expression, "sizes an array with an expression")])
 def test_pool_rejects(wrong, hint):
     expect_failure(check.pool3, wrong, TPB, match=hint)
 
@@ -311,7 +329,7 @@ def test_dot_rejects(wrong, hint):
 def conv_no_halo(a, w, out):
     t = cuda.threadIdx.x
     i = cuda.blockIdx.x * TPB + t
-    tile = cuda.shared.array(TPB + 7, a.dtype)
+    tile = cuda.shared.array(CONV_BUF, a.dtype)
     tile[t] = a[i] if i < a.size else 0.0
     if t < w.size - 1:
         tile[t + TPB] = 0.0

@@ -108,6 +108,15 @@ def test_launcher_refuses_what_a_gpu_refuses():
         launch(_big_shared, 1, 1, a)
     with pytest.raises(LaunchError, match="simulator"):
         launch(P.k_guard_add10, 100, 1024, a, out)
+    with pytest.raises(LaunchError, match="sizes an array with an expression"):
+        launch(_sized_by_expression, 1, 1, a)          # the simulator runs it; a GPU's compiler refuses it
+
+
+@cuda.jit
+def _sized_by_expression(a):
+    buf = cuda.shared.array(P.TPB + 2, float32)
+    buf[0] = 1.0
+    a[0] = buf[0]
 
 
 def test_launcher_copies_and_reports():

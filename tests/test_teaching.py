@@ -5,12 +5,23 @@ lines or trivial lines such as `return out`. A lesson shows it when it holds any
 significant lines of it, or the whole of an answer of 1-2 lines, in its code, its prose or its
 printed output. Lessons are searched up to the exercise's own chapter.
 
+A lesson also shows an answer when it holds the same code with other names: any 3 consecutive
+significant lines of the answer whose token sequence, with every local name replaced by a
+placeholder numbered in order of appearance (`total = total + v` and `acc = acc + x` both read
+`_0 = _0 + _1`), equals that of 3 consecutive lines of a lesson's code cell. Attribute names,
+keywords, builtins, modules and the names a lesson imports stay as they are, so `x.sum()` and
+`x.mean()` differ, and windows of fewer than 24 tokens are too small to count.
+
 Every exercise's markdown (the cell right above the solution cell) carries a collapsible
 `<details>` hint that names the lesson to look at; exercises of more than 5 significant lines
 get two. A hint never quotes a line of the answer.
 """
 
+import builtins
+import io
+import keyword
 import re
+import tokenize
 from dataclasses import dataclass
 
 import pytest
@@ -91,6 +102,73 @@ def shown_in(answer, lines):
     return None
 
 
+MIN_TOKENS = 24   # a window of 3 lines this short (`a = b`, `c = d`, `return e`) says nothing about an answer
+KEPT = set(dir(builtins)) | set(keyword.kwlist) | {"np", "torch", "F", "nn", "math", "cuda", "numba", "dist",
+                                                    "self", "ctx", "prange", "njit", "ct", "optim", "plt"}
+
+
+def shape_of(line):
+    """The line's tokens with local names as placeholders, numbered per window by `rename`; None if the
+    line does not tokenize on its own (the middle of a bracket)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return None
+    out, after_dot = [], False
+    for t in tokens:
+        if t.type in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER, tokenize.INDENT, tokenize.DEDENT,
+                      tokenize.COMMENT):
+            continue
+        if t.type == tokenize.NAME and not after_dot and t.string not in KEPT:
+            out.append(("name", t.string))
+        elif t.type == tokenize.STRING:
+            out.append(("str", ""))
+        else:
+            out.append(("tok", t.string))
+        after_dot = t.string == "."
+    return out
+
+
+def rename(window):
+    """One token sequence for a window of lines, its names numbered in order of first appearance."""
+    seen, out = {}, []
+    for line in window:
+        for kind, text in line:
+            out.append(f"_{seen.setdefault(text, len(seen))}" if kind == "name" else text)
+        out.append("\n")
+    return tuple(out)
+
+
+def shapes(lines, k=3):
+    """{renamed token sequence of k consecutive lines: index of the window's first line}."""
+    parsed = [shape_of(s) for s in lines]
+    found = {}
+    for i in range(len(lines) - k + 1):
+        window = parsed[i:i + k]
+        if any(w is None for w in window) or sum(len(w) for w in window) < MIN_TOKENS:
+            continue
+        found.setdefault(rename(window), i)
+    return found
+
+
+def lesson_code_shapes(path):
+    """{renamed window: cell index} over every code cell of a lesson, 3 significant lines at a time."""
+    found = {}
+    for i, cell in enumerate(nbtools.read(path).cells):
+        if cell.cell_type == "code":
+            for shape in shapes(significant(cell.source)):
+                found.setdefault(shape, i)
+    return found
+
+
+def shown_renamed(answer, lesson_shapes):
+    """(lesson cell, the answer's lines) where the answer's structure appears with other names, or None."""
+    for shape, start in shapes(answer).items():
+        if shape in lesson_shapes:
+            return lesson_shapes[shape], answer[start:start + 3]
+    return None
+
+
 def ident(ex):
     return f"{ex.notebook[:2]}-cell{ex.cell}"
 
@@ -105,6 +183,22 @@ def test_no_lesson_shows_the_answer(ex):
         assert where is None, (
             f"lesson {name}, cell {where[0]}, shows the answer of the exercise in {ex.notebook} cell {ex.cell}:\n"
             + "\n".join(where[1]) + "\nTeach it with a sibling example or a picture instead.")
+
+
+SHAPES = {ch: lesson_code_shapes(REPO_DIR / "notebooks" / name) for ch, (name, _) in LESSONS.items()}
+
+
+@pytest.mark.parametrize("ex", EXERCISES, ids=ident)
+def test_no_lesson_shows_the_answer_with_other_names(ex):
+    chapter = ex.notebook[:2]
+    for ch, (name, _) in LESSONS.items():
+        if ch > chapter:
+            continue
+        where = shown_renamed(ex.answer, SHAPES[ch])
+        assert where is None, (
+            f"lesson {name}, cell {where[0]}, holds the code of the exercise in {ex.notebook} cell {ex.cell} "
+            "with other names (the same tokens once local names are numbered):\n" + "\n".join(where[1])
+            + "\nA lesson teaches with a sibling that differs in what it computes, not only in its names.")
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=ident)
@@ -132,3 +226,13 @@ def test_the_detector_sees_a_shown_answer():
     short = ["return (f(x + h) - f(x - h)) / (2 * h)"]
     assert shown_in(significant(short[0]), [(2, "return (f(x + h) - f(x - h)) / (2 * h)")]) is not None
     assert significant("x = f(x)  # a comment\n# only a comment\nreturn out\n") == []
+
+
+def test_the_detector_sees_an_answer_with_other_names():
+    """The same three lines with every local renamed count; a different attribute or operator does not."""
+    answer = significant("m = x.max(-1, keepdims=True)\ne = np.exp(x - m)\nreturn e / e.sum(-1, keepdims=True)")
+    renamed = significant("top = s.max(-1, keepdims=True)\nw = np.exp(s - top)\nreturn w / w.sum(-1, keepdims=True)")
+    other = significant("top = s.min(-1, keepdims=True)\nw = np.exp(s - top)\nreturn w / w.sum(-1, keepdims=True)")
+    assert shown_renamed(answer, {s: 5 for s in shapes(renamed)}) == (5, answer)
+    assert shown_renamed(answer, {s: 5 for s in shapes(other)}) is None
+    assert shapes(["a = b", "c = d", "e = f"]) == {}, "windows too small to mean anything are left out"

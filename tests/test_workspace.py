@@ -2,8 +2,10 @@
 and the `course` commands that read it."""
 
 import json
+import linecache
 import shutil
 
+import nbformat
 import pytest
 
 from course_lib import REPO_DIR, cli, progress
@@ -21,22 +23,96 @@ def repo(tmp_path):
     return root
 
 
+def _edit(path, change):
+    """Change a notebook as JupyterLab would save it: read, change, write."""
+    nb = nbformat.read(str(path), as_version=4)
+    change(nb)
+    nbformat.write(nb, str(path))
+
+
+def _course_changes(repo, name, old, new):
+    p = repo / name
+    p.write_text(p.read_text().replace(old, new, 1))
+
+
 def test_sync_lifecycle(repo, workspace):
     report = dict((str(p.relative_to(workspace)), what) for what, p in ws.sync(repo))
     assert report == {"notebooks/00_welcome.ipynb": "added", "exercises/00_warmup.ipynb": "added"}
     assert ws.sync(repo) == []  # nothing new
 
-    # The course updates both notebooks; the learner edited only the exercise copy.
+    # The course updates both notebooks; the learner filled in an exercise cell the course did not change.
     mine = workspace / "exercises/00_warmup.ipynb"
-    mine.write_text(mine.read_text().replace("YOUR CODE HERE", "my answer"))
-    for name, word in [("notebooks/00_welcome.ipynb", "Welcome"), ("exercises/00_warmup.ipynb", "Exercise")]:
-        p = repo / name
-        p.write_text(p.read_text().replace(word, word + " (updated)"))
+    mine.write_text(mine.read_text().replace("YOUR CODE HERE", "my answer", 1))
+    _course_changes(repo, "notebooks/00_welcome.ipynb", "Welcome", "Welcome (updated)")
+    _course_changes(repo, "exercises/00_warmup.ipynb", "Exercise", "Exercise (updated)")
     report = {str(p.relative_to(workspace)): what for what, p in ws.sync(repo)}
     assert report["notebooks/00_welcome.ipynb"] == "updated"
-    assert report["exercises/00_warmup.ipynb"].startswith("kept your edited copy")
-    assert "my answer" in mine.read_text()
+    assert report["exercises/00_warmup.ipynb"].startswith("updated, with your 1 edited or added cell(s) kept"), report
+    assert "my answer" in mine.read_text() and "Exercise (updated)" in mine.read_text()
     assert "(updated)" in (workspace / "notebooks/00_welcome.ipynb").read_text()
+    assert list((workspace / "backups").glob("00_warmup.*.ipynb")), "a merge must back the learner's copy up first"
+    assert ws.sync(repo) == []
+
+
+def test_opening_or_running_a_lesson_is_not_editing_it(repo, workspace):
+    """JupyterLab rewrites metadata on open and outputs on run: the copy still takes course updates,
+    and keeps the learner's outputs of every cell the course did not change."""
+    ws.sync(repo)
+    lesson = workspace / "notebooks/00_welcome.ipynb"
+
+    def opened_and_ran(nb):
+        nb.metadata["kernelspec"]["display_name"] = "Some other kernel"
+        nb.metadata["language_info"]["version"] = "3.12.9"
+        for c in nb.cells:
+            if c.cell_type == "code":
+                c.outputs = [nbformat.v4.new_output("stream", text="the learner's own run\n")]
+    _edit(lesson, opened_and_ran)
+    first_code = next(c for c in nbformat.read(str(lesson), as_version=4).cells if c.cell_type == "code")
+    _course_changes(repo, "notebooks/00_welcome.ipynb", "Welcome", "Welcome (updated)")
+    report = {str(p.relative_to(workspace)): what for what, p in ws.sync(repo)}
+    assert report == {"notebooks/00_welcome.ipynb": "updated"}
+    nb = nbformat.read(str(lesson), as_version=4)
+    assert "Welcome (updated)" in "".join(c.source for c in nb.cells)
+    kept = next(c for c in nb.cells if c.get("id") == first_code.get("id"))
+    assert kept.outputs[0]["text"] == "the learner's own run\n", "outputs of unchanged cells are the learner's"
+    assert not (workspace / "backups").exists()
+
+
+def test_sync_merges_added_and_deleted_cells_and_stops_on_a_conflict(repo, workspace):
+    ws.sync(repo)
+    mine = workspace / "exercises/00_warmup.ipynb"
+    nb = nbformat.read(str(mine), as_version=4)
+    solution = next(i for i, c in enumerate(nb.cells) if "YOUR CODE HERE" in c.source)
+    after = nb.cells[solution].get("id")
+
+    def add_a_scratch_cell(nb):
+        scratch = nbformat.v4.new_code_cell("print('my scratch work')")
+        nb.cells.insert(solution + 1, scratch)
+    _edit(mine, add_a_scratch_cell)
+    _course_changes(repo, "exercises/00_warmup.ipynb", "Exercise", "Exercise (updated)")
+    report = [what for what, _ in ws.sync(repo)]
+    assert report and report[0].startswith("updated, with your 1 edited"), report
+    merged = nbformat.read(str(mine), as_version=4)
+    at = [c.get("id") for c in merged.cells].index(after)
+    assert merged.cells[at + 1].source == "print('my scratch work')", "a learner's cell stays where they put it"
+
+    # the course and the learner change the same cell: nothing is overwritten
+    mine.write_text(mine.read_text().replace("YOUR CODE HERE", "my answer"))
+    _course_changes(repo, "exercises/00_warmup.ipynb", "YOUR CODE HERE", "YOUR CODE HERE (about 3 lines)")
+    before = mine.read_bytes()
+    report = [what for what, _ in ws.sync(repo)]
+    assert report[0].startswith("kept your edited copy: the course changed 1 cell(s) that you changed too"), report
+    assert "course reset 00" in report[0]
+    assert mine.read_bytes() == before
+
+
+def test_sync_upgrades_a_workspace_of_an_older_course(repo, workspace):
+    """An older course kept only each copy's bytes hash: an opened-only copy still takes the update."""
+    ws.sync(repo)
+    state = json.loads((workspace / ".sync.json").read_text())
+    (workspace / ".sync.json").write_text(json.dumps({k: v["sha"] for k, v in state.items()}))
+    assert ws.sync(repo) == []
+    assert all(isinstance(v, dict) for v in json.loads((workspace / ".sync.json").read_text()).values())
 
 
 def test_reset_backs_up_and_never_overwrites_backups(repo, workspace):
@@ -71,6 +147,59 @@ def test_course_check_reports_each_check(workspace, capsys):
     assert "00_warmup" in out and "failed" in out and "numerical_gradient" in out
 
 
+def test_course_check_reports_progress_and_skips_the_payoff_after_a_failure(workspace, capsys):
+    """Each check's line appears as it finishes; once one has failed the closing (payoff) cells are not
+    run; a pass says where the code was kept."""
+    (workspace / "exercises").mkdir(parents=True)
+    for source, expect_ran in (("solutions", True), ("exercises", False)):
+        nb = nbformat.read(str(REPO_DIR / source / "00_warmup.ipynb"), as_version=4)
+        payoff = nbformat.v4.new_code_cell("open('payoff-ran', 'w').close()")
+        payoff.metadata["tags"] = ["payoff"]
+        nb.cells.append(payoff)
+        nbformat.write(nb, str(workspace / "exercises/00_warmup.ipynb"))
+        marker = workspace / "exercises/payoff-ran"
+        marker.unlink(missing_ok=True)
+        cli.main(["check", "00"])
+        out = capsys.readouterr().out
+        assert "[1/3]" in out and "[3/3]" in out, out
+        assert marker.exists() == expect_ran, f"payoff {'not ' if expect_ran else ''}run from {source}"
+    assert "closing cells were skipped" in out
+
+
+def test_pass_line_says_where_the_code_is_kept(workspace, monkeypatch, capsys):
+    from course_lib import keep
+    from course_lib.checks import ch00
+
+    monkeypatch.setenv("COURSE_PROGRESS_FILE", str(workspace / "progress.json"))
+    source = "def numerical_derivative(f, x, h=1e-5):\n    return (f(x + h) - f(x - h)) / (2 * h)\n"
+    linecache.cache["<a notebook cell>"] = (len(source), None, source.splitlines(True), "<a notebook cell>")
+    ns = {"__name__": "__main__"}  # as if defined in the learner's notebook
+    exec(compile(source, "<a notebook cell>", "exec"), ns)
+    ch00.numerical_derivative(ns["numerical_derivative"])
+    out = capsys.readouterr().out
+    assert "passed" in out and "; kept in work/yours/ch00.py" in out, out
+    assert keep.used_by("02") == ", which the closing cells of chapters 02, 06 and 12 run"
+    assert keep.used_by("12") == ", which chapter 12's closing cells run"
+
+
+def test_messages_are_wrapped_whole(workspace, capsys, monkeypatch):
+    """`course status` and `course check` wrap long messages at word boundaries and never cut them;
+    the status table is as wide as its longest exercise name."""
+    long = ("not implemented yet: replace the `raise NotImplementedError` line in the exercise cell with "
+            "your code, then run the check cell again; words like eliminate_common_subexpressions stay whole")
+    text = cli._wrap(long, "    ")
+    assert " ".join(text.split()) == " ".join(long.split()), "no word lost or cut"
+    assert all(len(line) <= max(60, shutil.get_terminal_size((100, 24)).columns) for line in text.splitlines())
+    monkeypatch.setattr(progress, "load", lambda: {"03": {"eliminate_common_subexpressions": {
+        "passed": False, "message": long, "time": ""}}})
+    cli.main(["status"])
+    out = capsys.readouterr().out
+    assert "eliminate_common_subexpressions" in out and "words like" in out.replace("\n", " ")
+    rows = [line for line in out.splitlines() if "not started" in line or "failed" in line]
+    status_at = {line.index("course's") for line in rows if "course's" in line}
+    assert len(status_at) == 1, "the 'code used' column is not aligned:\n" + out
+
+
 def test_status_lists_unstarted_exercises(workspace, capsys):
     cli.main(["status"])
     out = capsys.readouterr().out
@@ -102,7 +231,16 @@ def test_library_mirror_is_readable_and_follows_the_course(repo, workspace):
     (lib / "gone.py").unlink()
     ws.mirror_library(repo)
     assert (copy / "pkg/one.py").read_text() == "ONE = 2\n" and not (copy / "gone.py").exists()
-    assert not (workspace / "exercises").exists(), "mirroring touches nothing but work/course_lib"
+    assert not (workspace / "exercises").exists(), "mirroring touches nothing but its own folders"
+
+
+def test_benchmarks_the_lessons_cite_are_readable_from_work(workspace):
+    """Lessons cite benchmarks/ and RESULTS.md: JupyterLab, which serves work/, must show them."""
+    ws.mirror_library()
+    copy = workspace / "benchmarks"
+    assert (copy / "RESULTS.md").read_text() == (REPO_DIR / "benchmarks/RESULTS.md").read_text()
+    assert (copy / "ch05_scan.py").exists() and not (copy / "ch05_scan.py").stat().st_mode & 0o222
+    assert "read-only" in (copy / "README.md").read_text()
 
 
 def test_stage_holds_lessons_and_solved_exercises(tmp_path):

@@ -77,23 +77,26 @@ def exercise(check):
         finally:
             _rng = None
         progress.record(chapter, check.__name__, True)
-        print(f"{GREEN}✔ {check.__name__} passed{RESET}" + (f" ({detail})" if detail else ""))
-        if progress.should_record():
-            _keep(chapter, check.__name__, args, kwargs)
+        kept = _keep(chapter, check.__name__, args, kwargs) if progress.should_record() else ""
+        print(f"{GREEN}✔ {check.__name__} passed{RESET}" + (f" ({detail})" if detail else "") + kept)
 
     run.is_exercise_check = True
     return run
 
 
 def _keep(chapter, name, args, kwargs):
-    """Save the passing code in work/yours/ for later chapters (`course status` lists it); say so
-    only if it cannot be saved, so the pass line stays the same wherever the notebook runs."""
+    """Save the passing code in work/yours/ for later chapters; return the words the pass line ends with
+    (where it was kept and which chapters run it). The path is said relative to the workspace, so the
+    line is the same wherever the notebook runs."""
     from course_lib import keep
 
     try:
-        keep.record(chapter, name, args, kwargs)
+        path = keep.record(chapter, name, args, kwargs)
     except Exception as e:  # saving must never turn a pass into an error
-        print(f"(your code passed but could not be saved for later chapters: {type(e).__name__}: {e})")
+        return f"\n(your code passed but could not be saved for later chapters: {type(e).__name__}: {e})"
+    if path is None:
+        return ""
+    return f"; kept in work/yours/{path.name}{keep.used_by(chapter)}"
 
 
 # ---- formatting ---------------------------------------------------------------------------
@@ -112,6 +115,15 @@ def fmt(x, precision=5):
         return f"{x:.{precision + 3}g}"
     s = repr(x)
     return s if len(s) <= 300 else s[:300] + "..."
+
+
+def below(value, bound):
+    """A printed error that reads the same on every CPU: "below 1e-12" when it is, else the value.
+
+    Rounding noise such as 2.8e-17 differs from one CPU to the next (vector width, BLAS kernels), so
+    a notebook prints the bound it meets, never the noise itself."""
+    value = abs(float(value))
+    return f"below {bound:.0e}" if value < bound else f"{value:.1e} (above {bound:.0e})"
 
 
 def _as_array(x, what):

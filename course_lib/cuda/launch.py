@@ -4,12 +4,17 @@
     run = launch(add_ten, 1, 32, a, out)      # a and out are copied in, out is copied back
     run.device                                 # "simulator" or the GPU's name
 
-The simulator is generous: it runs 2048 threads per block and any amount of shared
-memory. A real GPU refuses both. `launch` refuses them too, with a clear message,
-so code that passes here also launches there.
+The simulator is generous: it runs 2048 threads per block, any amount of shared
+memory, and shared or local arrays whose size is an expression (`TPB + 2`). A real GPU
+refuses all three (the last when the kernel compiles). `launch` refuses them too, with a
+clear message, so code that passes here also launches there.
 """
 
+import ast
+import functools
+import inspect
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass
@@ -113,6 +118,72 @@ class _SharedMeter:
         self.cls.array = self.original
 
 
+_ARRAY_MAKERS = ("shared", "local")     # cuda.shared.array(shape, dtype), cuda.local.array(shape, dtype)
+
+
+@functools.cache
+def _non_constant_sizes(fn):
+    """The shared and local array calls in fn whose shape the compiler cannot see as a constant.
+
+    A GPU compiles these arrays with their size: an int literal, a name bound outside the kernel to
+    an int (a global or a closure's variable), or a tuple of those. `TPB + 2`, `a.shape[0]` or
+    `len(w)` are computed when the kernel runs, too late. Returns the offending calls' source text.
+    """
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return ()                                           # no source to read: the compiler will tell
+    outside = dict(fn.__globals__)
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            outside[name] = cell.cell_contents
+        except ValueError:                                  # a closure variable not bound yet
+            pass
+    local_ints = _locals_assigned_only_ints(tree)
+
+    def constant(node):
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, int)
+        if isinstance(node, ast.Name):
+            return isinstance(outside.get(node.id), int) or node.id in local_ints
+        if isinstance(node, ast.Attribute):                 # a module's constant, e.g. P.TPB
+            return True
+        if isinstance(node, ast.Tuple):
+            return all(constant(e) for e in node.elts)
+        return False
+
+    def makes_array(call):                                 # cuda.shared.array(...) or cuda.local.array(...)
+        f = call.func
+        return (isinstance(f, ast.Attribute) and f.attr == "array" and isinstance(f.value, ast.Attribute)
+                and f.value.attr in _ARRAY_MAKERS)
+
+    return tuple(ast.get_source_segment(source, node) for node in ast.walk(tree)
+                 if isinstance(node, ast.Call) and makes_array(node) and node.args and not constant(node.args[0]))
+
+
+def _locals_assigned_only_ints(tree):
+    """Names assigned in the function, every time to an int literal."""
+    values = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    values.setdefault(target.id, []).append(node.value)
+    return {n for n, vs in values.items() if all(isinstance(v, ast.Constant) and isinstance(v.value, int) for v in vs)}
+
+
+def check_array_sizes(kernel):
+    """Raise LaunchError if the kernel sizes a shared or local array with an expression."""
+    fn = getattr(kernel, "py_func", None)
+    bad = _non_constant_sizes(fn) if inspect.isfunction(fn) else ()
+    if bad:
+        raise LaunchError(f"{fn.__name__}: `{bad[0]}` sizes an array with an expression. A GPU compiles shared "
+                          f"and local arrays with a size fixed at compile time: a number, or a name defined "
+                          f"outside the kernel (like TPB). Name the size once next to TPB, e.g. `SIZE = TPB + 2`, "
+                          f"and use the name. The simulator would run it; a GPU's compiler refuses it.")
+
+
 def device_name():
     """"simulator" or the name of the GPU."""
     if device.using_simulator():
@@ -130,6 +201,7 @@ def launch(kernel, grid, block, *args, shared_bytes=0, max_sim_threads=SIMULATOR
     take minutes); pass a larger number if you really mean it.
     """
     grid, block = check_config(grid, block, shared_bytes)
+    check_array_sizes(kernel)
     threads = int(np.prod(grid)) * int(np.prod(block))
     sim = device.using_simulator()
     if sim and threads > max_sim_threads:

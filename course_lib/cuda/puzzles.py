@@ -1,8 +1,10 @@
 """The puzzle kernels, from a one-line map to a block scan, each with a host function.
 
 Every kernel reads `cuda` from the module-level `numba.cuda`, so the same code runs on
-Numba's simulator and on a GPU. Shared-array sizes must be compile-time constants, hence
-the module constant TPB (threads per block) for the kernels that use shared memory.
+Numba's simulator and on a GPU. Shared-array sizes must be compile-time constants: a number
+or a module-level name, never an expression inside the kernel (`TPB + 2` runs on the
+simulator, but a GPU's compiler refuses it). Hence TPB (threads per block) and the sizes
+derived from it, named here once.
 Each host function (no leading `k_`) launches its kernel on numpy arrays and returns the
 result; tests compare them with numpy.
 """
@@ -16,6 +18,8 @@ from course_lib.cuda.launch import blocks_for, launch
 
 TPB = 32        # threads per block of the shared-memory kernels (a warp)
 MAX_K = 8       # longest 1-D convolution kernel
+POOL_BUF = TPB + 2            # pool3's shared array: a 2-element halo, then the block's chunk
+CONV_BUF = TPB + MAX_K - 1    # conv1d's: the block's chunk, then a right halo of up to MAX_K - 1
 
 
 # 1. map: one thread per element, exactly as many threads as elements.
@@ -146,7 +150,7 @@ def block_reverse(a):
 def k_pool3(a, out):
     t = cuda.threadIdx.x
     i = cuda.blockIdx.x * TPB + t
-    buf = cuda.shared.array(TPB + 2, a.dtype)
+    buf = cuda.shared.array(POOL_BUF, a.dtype)
     if i < a.size:
         buf[t + 2] = a[i]
     if t < 2:                              # two threads also load the halo
@@ -195,7 +199,7 @@ def k_conv1d(a, w, out):
     t = cuda.threadIdx.x
     i = cuda.blockIdx.x * TPB + t
     K = w.size
-    tile = cuda.shared.array(TPB + MAX_K - 1, a.dtype)
+    tile = cuda.shared.array(CONV_BUF, a.dtype)
     ws = cuda.shared.array(MAX_K, a.dtype)
     tile[t] = a[i] if i < a.size else 0.0
     if t < K - 1:

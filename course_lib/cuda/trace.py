@@ -399,7 +399,7 @@ def goal_kernel(name, tpb, tile):
     from course_lib.cuda import matmul, puzzles
 
     kernel = getattr(puzzles, "k_" + name, None) or getattr(matmul, "k_" + name)
-    return rebind(kernel, TPB=tpb, TILE=tile)
+    return rebind(kernel, TPB=tpb, TILE=tile, POOL_BUF=tpb + 2, CONV_BUF=tpb + puzzles.MAX_K - 1)
 
 
 def goal(name, tpb=8, tile=8):
