@@ -9,7 +9,7 @@ autodiff's. Inside a `use_ops` block, other classes take their places, by name:
         loss.backward()          # and backward walks the graph in my_order
 
 This is the library's declared plug-in point for ops, as `use_backend` is for kernels: chapter 12 runs
-the GPT on the learner's Functions through it (course_lib/yours/ch12_library.py). Blocks nest; the
+the GPT on the learner's Functions through it (course_lib/yours/ch12_capstone.py). Blocks nest; the
 innermost wins; leaving a block puts back what was there before it.
 """
 
