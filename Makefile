@@ -33,7 +33,7 @@ test-fast: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -n 2 -m "not browser" tests --ignore=tests/test_notebooks.py $(PYTEST_ARGS)
 
 # Opt-in: the slow tests: the checks against wrong implementations under 50 seeds (about 45 minutes
-# on 2 cores), and the ring all-reduce at world size 4.
+# on 2 cores), and chapter 11's checks at world sizes 2, 3 and 4 (references and more mistakes).
 sweep: $(STAMP)
 	$(BIN)/python -m pytest -q --slow -m slow tests
 

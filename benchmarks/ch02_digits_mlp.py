@@ -7,13 +7,12 @@ test accuracy of each, so the speed is compared at equal accuracy.
     .venv/bin/python benchmarks/ch02_digits_mlp.py [--epochs 10] [--batch 64]
 """
 
-import os
+import argparse
+import time
 
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(var, "1")
+import common
 
-import argparse  # noqa: E402
-import time  # noqa: E402
+common.pin_threads(1)   # both stacks on one thread, before numpy and torch start their pools
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -22,12 +22,16 @@ import collections
 import contextlib
 import time
 
-import ch12_gpt  # first: it sets the threads of numpy's BLAS, Numba and torch (--threads, default 1) before they load
-import numpy as np
-from ch06_mlp import BATCH, course_model, course_step
+import common
 
-from course_lib.data import load_digits
-from course_lib.tensor import DataLoader, current_backend, use_backend
+common.pin_threads(1)   # numpy's BLAS, Numba and torch on --threads (default 1), before they load
+
+import ch12_gpt  # noqa: E402
+import numpy as np  # noqa: E402
+from ch06_mlp import BATCH, course_model, course_step  # noqa: E402
+
+from course_lib.data import load_digits  # noqa: E402
+from course_lib.tensor import DataLoader, current_backend, use_backend  # noqa: E402
 
 BACKENDS = ("numpy", "numba")
 METHODS = ("map", "zip", "reduce", "where", "matmul", "adam")
@@ -135,7 +139,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=("mlp", "gpt", "both"), default="both")
     p.add_argument("--steps", type=int, default=0, help="timed steps (default: 300 for the MLP, 12 for the GPT)")
-    p.add_argument("--threads", type=int, default=1, help="read by ch12_gpt.py when it is imported")
+    p.add_argument("--threads", type=int, default=1, help="read by common.pin_threads before numpy starts")
     args = p.parse_args()
     print(f"{args.threads} thread(s) for numpy's BLAS and Numba")
     if args.model in ("mlp", "both"):

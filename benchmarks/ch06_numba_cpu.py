@@ -9,21 +9,12 @@ Numba cache), then reports the best of several runs. Prints ratios: above 1 mean
 
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from common import best_of
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = 3
-
-
-def best_time(f, repeat=7):
-    f()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def worker(what, impl, n):
@@ -53,7 +44,7 @@ def worker(what, impl, n):
                  "reduce0": lambda: x.sum(axis=0, keepdims=True),
                  "reduce1": lambda: x.sum(axis=1, keepdims=True)}
         f = course[what] if impl == "course" else numpy[what]
-    print(best_time(f))
+    print(best_of(f, repeat=7))
 
 
 def measure(*args):

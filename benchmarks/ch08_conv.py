@@ -12,13 +12,10 @@ line uses wall time after a synchronize.
 """
 
 import argparse
-import os
+import functools
 import time
 
-# OpenMP worker threads (Numba's and torch's) spin while idle by default, and that spinning would be
-# counted as CPU time of whichever op runs next. Passive waiting keeps each measurement to its own work.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
+import common  # first: idle OpenMP threads wait passively, so their spinning is not counted as CPU time
 import numba
 import torch
 import torch.nn.functional as F
@@ -26,30 +23,13 @@ import torch.nn.functional as F
 from course_lib.custom_ops import conv
 from course_lib.custom_ops import functions as fn
 
+best_of = functools.partial(common.best_of, clock=time.process_time)
+
 CASES = {
     "digits   x(64,1,8,8)    w(16,1,3,3)": ((64, 1, 8, 8), (16, 1, 3, 3)),
     "digits   x(64,16,4,4)   w(32,16,3,3)": ((64, 16, 4, 4), (32, 16, 3, 3)),
     "32x32x64 x(8,64,32,32)  w(64,64,3,3)": ((8, 64, 32, 32), (64, 64, 3, 3)),
 }
-
-
-def best_of(f, repeat, clock=time.process_time):
-    """The best of `repeat` timings, each over enough calls to last at least 50 ms."""
-    f()
-    calls, t = 1, clock()
-    f()
-    while clock() - t < 0.05 and calls < 1000:
-        calls *= 2
-        t = clock()
-        for _ in range(calls):
-            f()
-    best = float("inf")
-    for _ in range(repeat):
-        t = clock()
-        for _ in range(calls):
-            f()
-        best = min(best, (clock() - t) / calls)
-    return best
 
 
 def main():

@@ -14,24 +14,13 @@ training step (forward, backward, clipping, AdamW) and the ratios to PyTorch.
 import argparse
 import cProfile
 import io
-import os
 import pstats
-import sys
 import time
 
+import common
 
-def _threads_from_argv(default=1):
-    """--threads N, read before numpy, Numba and torch start their thread pools (they read it once)."""
-    args = sys.argv[1:]
-    return int(args[args.index("--threads") + 1]) if "--threads" in args else default
-
-
-THREADS = _threads_from_argv()
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ[var] = str(THREADS)
-# As in the course's Jupyter kernel: torch's idle OpenMP threads sleep instead of spinning on the cores
-# that the next model's step needs (all three take turns in this one process).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The three models take turns in this one process; all on the same number of threads (--threads, default 1).
+THREADS = common.pin_threads(1)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

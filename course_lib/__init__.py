@@ -1,7 +1,7 @@
 """course_lib: the shared code of the course *Deep learning systems from scratch*.
 
 Each chapter's reference implementation lives in its own subpackage (autograd, tensor,
-graph, gpt, mamba, fast, cuda, custom_ops, infer, fused, distributed), and `course_lib.yours`
+graph, gpt, mamba, fast, cuda, custom_ops, infer, fused, distributed, capstone), and `course_lib.yours`
 assembles the learner's own saved pieces into working parts for later chapters. The helpers every chapter uses are:
 
 - `course_lib.checks`  the exercise checks and the toolkit they are written with

@@ -6,8 +6,8 @@ import pytest
 from checking import expect_failure
 
 from course_lib.autograd import Value
+from course_lib.autograd.nn import svm_loss
 from course_lib.checks import ch01 as check
-from course_lib.checks.ch01 import svm_loss
 
 # ---- reference answers -------------------------------------------------------------------
 

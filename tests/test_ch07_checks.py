@@ -545,7 +545,8 @@ EXERCISES = ["map_add10", "zip_add", "guard_add10", "map2d_add10", "broadcast_ad
 def test_every_goal_picture_traces_a_reference_that_writes_every_output():
     """Each exercise's picture comes from the library's kernel, traced at the exercise's sizes
     (TPB, TILE = 8); that trace must fill every output the picture shows."""
-    from course_lib.cuda.trace import _goals, goal_kernel, trace
+    from course_lib.cuda.goals import _goals, goal_kernel
+    from course_lib.cuda.trace import trace
 
     goals = _goals(TPB, TILE)
     assert list(goals) == EXERCISES

@@ -85,3 +85,79 @@ def test_the_walk_sees_a_cycle(tmp_path):
     assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.sub.c", "pkg.a"]
     (pkg / "sub" / "c.py").write_text("import numpy\n")
     assert find_cycle(import_graph(pkg, "pkg")) is None
+
+
+# Chapter order: chapter NN's code may use chapters 1..NN, never a later one. A later chapter plugs into
+# an earlier one through a declared entry: a backend registered by name, or the default of a plug-in point.
+CHAPTER = {"autograd": 1, "tensor": 2, "graph": 3, "gpt": 4, "mamba": 5, "fast": 6, "cuda": 7,
+           "custom_ops": 8, "infer": 9, "fused": 10, "distributed": 11, "capstone": 12, "compiler": 13}
+
+# (importer, imported): why the earlier chapter may name the later one. Nothing else may.
+LATER_CHAPTER_ALLOWED = {
+    ("course_lib.gpt.model", "course_lib.fused.attention_op"):
+        "GPTConfig(fused=True) outside an `attention_kernel(...)` block runs chapter 10's kernel, imported on first use",
+    ("course_lib.mamba.scan", "course_lib.fused.scan_op"):
+        "the 'fused' scan outside a `scan_kernel(...)` block is chapter 10's kernel, imported on first use",
+}
+REGISTRIES = {"register_backend"}   # calls whose string arguments name a later chapter's module by design
+
+
+def chapter_of(module):
+    """The chapter whose code `module` is, or None for the course's machinery (checks of no chapter,
+    yours, viz, data, ...). checks.chNN belongs to chapter NN."""
+    parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "checks" and parts[2][:2] == "ch" and parts[2][2:].isdigit():
+        return int(parts[2][2:])
+    return CHAPTER.get(parts[1]) if len(parts) > 1 else None
+
+
+def later_chapter_imports(graph):
+    return {(a, b) for a, targets in graph.items() for b in targets
+            if chapter_of(a) is not None and chapter_of(b) is not None and chapter_of(b) > chapter_of(a)}
+
+
+def later_chapter_names(root=ROOT, package="course_lib"):
+    """(module, named module) for each string constant that names a later chapter's module outside a
+    registry call: a module loaded by name is an import the graph cannot see."""
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        name, tree = module_name(path, root, package), ast.parse(path.read_text(), str(path))
+        registered = {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                      and getattr(node.func, "id", getattr(node.func, "attr", None)) in REGISTRIES
+                      for arg in node.args}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in registered
+                    and node.value.startswith(package + ".")):
+                target = node.value.split(":")[0]
+                if chapter_of(name) is not None and (chapter_of(target) or 0) > chapter_of(name):
+                    found.add((name, target))
+    return found
+
+
+def test_no_chapter_reaches_a_later_one():
+    graph = import_graph()
+    packages = {m.split(".")[1] for m in graph if m.count(".") >= 1}
+    assert len(CHAPTER.keys() & packages) >= 12, f"chapter packages moved: {sorted(CHAPTER.keys() - packages)}"
+    wrong = sorted(later_chapter_imports(graph) - LATER_CHAPTER_ALLOWED.keys()) + sorted(later_chapter_names())
+    assert not wrong, "an earlier chapter reaches a later one (plug the later one in through a registry):\n" + \
+        "\n".join(f"  {a} (chapter {chapter_of(a)}) -> {b} (chapter {chapter_of(b)})" for a, b in wrong)
+
+
+def test_the_chapter_order_allow_list_is_current():
+    stale = set(LATER_CHAPTER_ALLOWED) - later_chapter_imports(import_graph())
+    assert not stale, f"allowed later-chapter imports that no longer exist, remove them: {sorted(stale)}"
+
+
+def test_the_chapter_order_walk_sees_a_backward_arrow(tmp_path):
+    pkg = tmp_path / "course_lib"
+    for sub in ("gpt", "fused", "tensor"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "gpt" / "model.py").write_text("def f():\n    from course_lib.fused import attention\n")
+    (pkg / "fused" / "attention.py").write_text("from course_lib.gpt import model\n")
+    (pkg / "tensor" / "backend.py").write_text(
+        "register_backend('numba', 'course_lib.fused.attention')\nLOAD = 'course_lib.fused.attention'\n")
+    graph = import_graph(pkg, "course_lib")
+    assert later_chapter_imports(graph) == {("course_lib.gpt.model", "course_lib.fused.attention")}
+    assert later_chapter_names(pkg, "course_lib") == {("course_lib.tensor.backend", "course_lib.fused.attention")}

@@ -441,13 +441,6 @@ def _torch_steps(params, sizes, X, y, lr, steps):
     return losses, [p.item() for p in ps]
 
 
-def svm_loss(model, X, y):
-    """The mean max-margin loss of the model on the points X with labels y in {-1, +1}."""
-    scores = [model([float(a) for a in row]) for row in X]
-    losses = [(1 - float(yi) * s).relu() for yi, s in zip(y, scores)]
-    return sum(losses) * (1.0 / len(losses))
-
-
 @exercise
 def sgd_step(your_sgd_step):
     """sgd_step(model, X, y, lr): zero the grads, compute the loss, backprop, step; returns the loss Value."""

@@ -13,7 +13,7 @@ contributions brought to one place, then sent back out to p-1 ranks; spread over
 (p-1)/p · n each way), so the ring is bandwidth-optimal. Sending everything to rank 0 instead makes
 rank 0 receive (p-1)·n and send (p-1)·n: its link is the bottleneck and the time grows with p. The
 ring pays instead in latency: 2(p-1) messages one after the other, which is why small tensors are
-better batched into buckets (see `ddp`).
+better batched into buckets (see `ddp`). `cost` has the model and the schedule on paper.
 """
 
 import torch
@@ -30,26 +30,6 @@ def chunk_sent(phase, rank, step, world_size):
 def chunk_received(phase, rank, step, world_size):
     """The chunk index `rank` receives at that step: the one its left neighbour sends."""
     return chunk_sent(phase, (rank - 1) % world_size, step, world_size)
-
-
-def ring_schedule(world_size):
-    """What each rank holds before the ring starts and after each of its 2(p-1) steps, for a picture.
-
-    A list of dicts {"phase", "step", "sent": [chunk sent by each rank] (None at the start),
-    "held": held[rank][chunk] = the ranks whose values that copy of the chunk has summed so far}.
-    """
-    p = world_size
-    held = [[(r,) for _ in range(p)] for r in range(p)]
-    steps = [{"phase": "start", "step": 0, "sent": None, "held": [list(row) for row in held]}]
-    for phase in ("reduce-scatter", "all-gather"):
-        for s in range(p - 1):
-            sent = [chunk_sent(phase, r, s, p) for r in range(p)]
-            incoming = [held[(r - 1) % p][sent[(r - 1) % p]] for r in range(p)]   # read before anyone writes
-            for r in range(p):
-                c = sent[(r - 1) % p]
-                held[r][c] = tuple(sorted(held[r][c] + incoming[r])) if phase == "reduce-scatter" else incoming[r]
-            steps.append({"phase": phase, "step": s, "sent": sent, "held": [list(row) for row in held]})
-    return steps
 
 
 def _exchange(send, recv, rank, world_size):
@@ -85,13 +65,3 @@ def ring_all_reduce(tensor):
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))
     return tensor
-
-
-def ring_bytes(n_bytes, world_size):
-    """Bytes each rank sends (and receives) in a ring all-reduce of n_bytes: 2(p-1)/p · n."""
-    return 2 * (world_size - 1) / world_size * n_bytes
-
-
-def ring_seconds(n_bytes, world_size, latency, bandwidth):
-    """The cost model: 2(p-1) messages of `latency` seconds each, plus ring_bytes at `bandwidth` bytes/s."""
-    return 2 * (world_size - 1) * latency + ring_bytes(n_bytes, world_size) / bandwidth

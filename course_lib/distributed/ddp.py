@@ -15,10 +15,15 @@ during the backward and the processor idle during the all-reduce. A parameter's 
 soon as autograd has accumulated it (`register_post_accumulate_grad_hook`), and the last layers'
 gradients come first, so the all-reduce of those can run while autograd still works on the first
 layers. One all-reduce per parameter would pay the ring's latency hundreds of times; a bucket groups
-parameters until it holds `bucket_bytes`, and goes out, asynchronously, as soon as its last gradient
-lands. Buckets go out in a fixed order on every rank (collectives must match one to one), even if a
-later bucket fills first.
+parameters, in reverse order, until it holds `bucket_bytes`, and goes out, asynchronously, as soon as
+its last gradient lands. Buckets go out in a fixed order on every rank (collectives must match one to
+one), so a bucket that fills before the one ahead of it waits for it.
+
+Gradient accumulation: backward passes inside `with model.no_sync():` send nothing; their gradients
+add up in `.grad`, and the next backward outside it sends the sums.
 """
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -57,6 +62,7 @@ class DDP(nn.Module):
         self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
         for p in params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
+        self.syncing = True
         self._reset()
 
     def _reset(self):
@@ -66,9 +72,19 @@ class DDP(nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes in here only accumulate gradients; the first one after it sends their sums."""
+        self.syncing = False
+        try:
+            yield
+        finally:
+            self.syncing = True
+
     def _grad_ready(self, p):
-        i = self.bucket_of[p]
-        self.arrived[i] += 1
+        if not self.syncing:
+            return
+        self.arrived[self.bucket_of[p]] += 1
         while len(self.inflight) < len(self.buckets) and self._ready(len(self.inflight)):
             self._launch(len(self.inflight))
 

@@ -1,11 +1,17 @@
 """Start a group of worker processes, collect what each returns, and never leave one behind.
 
-    results = launch(workers.ring_matches_all_reduce, 3, [5, 7, 64])   # one result per rank
+    results = launch(timing.time_collectives, 3, {"gloo": dist.all_reduce}, [64, 4096])   # one result per rank
 
-Each worker is a fresh Python process (`spawn`, not `fork`: a forked child would inherit the parent's
-threads and, on a GPU, its CUDA context). Spawn finds the function to run by its module and name, so
-it must live in an importable file: a function typed into a notebook cannot be found that way, and
-`Code.of(fn)` carries its source over instead.
+Each worker is a fresh Python process. On Linux it is forked from a *fork server*: a clean process,
+started once per notebook (or test run), that has already imported torch. Importing torch takes
+seconds, forking takes milliseconds, so the second launch starts in a fraction of a second. (A fork
+of the notebook itself would inherit its threads and, on a GPU, its CUDA context; the server has
+neither.) Elsewhere (macOS, Windows) each worker is spawned: a fresh interpreter, slower to start.
+Either way the worker finds the function to run by its module and name, so it must live in an
+importable file: a function typed into a notebook cannot be found that way, and `Code.of(fn)`
+carries its source over instead (`carry(obj)` picks what fits). The server keeps the modules it
+preloaded as they were when it started: after editing course_lib, restart the kernel. A worker's
+prints and warnings go where the notebook's own low-level output goes (under Jupyter, the cell).
 
 Why the care:
 - the rendezvous (a small key-value store where the workers exchange addresses) is served by the
@@ -20,10 +26,12 @@ Why the care:
 """
 
 import datetime
+import importlib.machinery
 import os
 import pickle
 import queue as queue_module
 import signal
+import sys
 import time
 import traceback
 
@@ -31,7 +39,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from course_lib.capture import module_source
+from course_lib.capture import defined_here, module_source
+
+# the fork server imports these once; every worker forked from it starts with them loaded (torch._dynamo
+# is imported by the first optimizer a process makes, and takes longer than torch itself)
+PRELOAD = ["torch", "torch.distributed", "torch.nn", "torch.optim", "torch._dynamo", "numpy",
+           "course_lib.distributed.launch"]
 
 
 class WorkerError(RuntimeError):
@@ -52,14 +65,14 @@ def _short(text, width=160):
 
 
 class Code:
-    """A function or class carried to the workers as source text, for code spawn cannot import.
+    """A function or class carried to the workers as source text, for code they cannot import by name.
 
     `Code.of(fn)` takes a notebook function with the helpers and imports it needs; `Code(text, name)`
     takes the text of a module and the name to call in it. The worker runs the text, then the name.
     """
 
-    def __init__(self, text, name):
-        self.text, self.name = text, name
+    def __init__(self, text, name, filename=None):
+        self.text, self.name, self.filename = text, name, filename or f"<{name}>"
 
     @classmethod
     def of(cls, obj, namespace=None):
@@ -67,13 +80,52 @@ class Code:
 
     def load(self):
         scope = {"__name__": f"course_code_{self.name}"}
-        exec(compile(self.text, f"<{self.name}>", "exec"), scope)
+        exec(compile(self.text, self.filename, "exec"), scope)
         return scope[self.name]
+
+
+def carry(obj):
+    """What reaches the workers for obj: itself if they can import it by name; else its source as a `Code`.
+
+    A notebook's function or class travels as its source with its helpers; one from a module loaded
+    from a file outside the import path (your saved work/yours/chNN.py) travels as that whole file.
+    """
+    if isinstance(obj, Code):
+        return obj
+    if defined_here(obj) is not None:
+        return Code.of(obj)
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    path = getattr(module, "__file__", None)
+    if path and importlib.machinery.PathFinder.find_spec(module.__name__.partition(".")[0]) is None:
+        with open(path, encoding="utf-8") as f:
+            return Code(f.read(), obj.__name__, path)
+    return obj
 
 
 def resolve(obj):
     """obj itself, or what a Code stands for (called inside the workers)."""
     return obj.load() if isinstance(obj, Code) else obj
+
+
+def run_all(cases):
+    """Several jobs in one launch, one after the other: [(fn or Code, kwargs)] -> their results."""
+    return [resolve(fn)(**kwargs) for fn, kwargs in cases]
+
+
+def preload(*modules):
+    """Have the fork server import `modules` too, so that workers start with them loaded (the modules their
+    jobs live in: a worker that imports them itself, under load, may reach a collective seconds after the
+    others). Effective until the first launch of this process starts the server."""
+    PRELOAD.extend(m for m in modules if m not in PRELOAD)
+
+
+def _context():
+    """Fork from a server that preloaded torch where that is safe (Linux); spawn a fresh interpreter elsewhere."""
+    if sys.platform.startswith("linux"):
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)   # read when the server starts: the first launch of this process
+        return ctx
+    return mp.get_context("spawn")
 
 
 def device():
@@ -115,7 +167,7 @@ def launch(fn, world_size, *args, backend="gloo", timeout=60.0, threads=1, wall_
     wall_timeout: seconds for the whole run (None: no limit beyond the collectives' timeouts).
     Raises WorkerError when a worker raises or dies; all the workers have ended by the time it returns.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     # the rendezvous: a key-value store served by this process on a port the OS picks (port 0), so it
     # cannot be taken between choosing it and using it; the workers meet there to exchange addresses

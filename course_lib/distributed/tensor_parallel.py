@@ -11,8 +11,12 @@ Backward mirrors it. The all-reduce's backward is the identity (each partial sum
 weight 1), but x entered every rank's slice, so x's gradient is the sum of the ranks' contributions:
 an all-reduce in backward. Two autograd Functions say this, Megatron's f and g:
 
-    f = copy_to_parallel:     forward identity,    backward all-reduce
-    g = reduce_from_parallel: forward all-reduce,  backward identity
+    f = CopyToParallel:     forward identity,    backward all-reduce
+    g = ReduceFromParallel: forward all-reduce,  backward identity
+
+A bare dist.all_reduce in the forward would give the right numbers here, but autograd would not know
+of it: nothing would say what its gradient is, and a tensor it changed in place might be one autograd
+saved. As Functions, both collectives are part of the graph, with their gradients beside them.
 """
 
 import torch
@@ -36,7 +40,7 @@ class CopyToParallel(torch.autograd.Function):
 
 
 class ReduceFromParallel(torch.autograd.Function):
-    """g: the ranks' partial sums add up; each receives the output's gradient unchanged."""
+    """g: the ranks' partial sums add up (in a copy: the input may be saved by autograd); the gradient passes."""
 
     @staticmethod
     def forward(ctx, x):
@@ -49,51 +53,38 @@ class ReduceFromParallel(torch.autograd.Function):
         return grad
 
 
-copy_to_parallel = CopyToParallel.apply
-reduce_from_parallel = ReduceFromParallel.apply
-
-
 def my_slice(n, rank, world_size):
-    """The [lo, hi) of n features that `rank` holds (sizes differ by at most 1 when p does not divide n)."""
+    """The [lo, hi) of n features that `rank` holds: torch.tensor_split's pieces (sizes differ by at most 1)."""
     lo = rank * (n // world_size) + min(rank, n % world_size)
     return lo, lo + n // world_size + (rank < n % world_size)
 
 
-class ColumnParallelLinear(nn.Module):
-    """This rank's rows of `linear` (a slice of its output features); the input arrives through f."""
-
-    def __init__(self, linear, rank, world_size):
-        super().__init__()
-        self.lo, self.hi = my_slice(linear.out_features, rank, world_size)
-        self.weight = nn.Parameter(linear.weight.detach()[self.lo:self.hi].clone())
-        self.bias = nn.Parameter(linear.bias.detach()[self.lo:self.hi].clone())
-
-    def forward(self, x):
-        return F.linear(copy_to_parallel(x), self.weight, self.bias)
-
-
-class RowParallelLinear(nn.Module):
-    """This rank's columns of `linear` (a slice of its input features); partial sums meet in g."""
-
-    def __init__(self, linear, rank, world_size):
-        super().__init__()
-        self.lo, self.hi = my_slice(linear.in_features, rank, world_size)
-        self.weight = nn.Parameter(linear.weight.detach()[:, self.lo:self.hi].clone())
-        self.bias = nn.Parameter(linear.bias.detach().clone())   # whole, added once after the sum
-
-    def forward(self, x_slice):
-        return reduce_from_parallel(F.linear(x_slice, self.weight)) + self.bias
+def _linear(weight, bias):
+    """An nn.Linear holding copies of the given weight (out, in) and bias."""
+    layer = nn.Linear(weight.shape[1], weight.shape[0], dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        layer.bias.copy_(bias)
+    return layer
 
 
 class ParallelMLP(nn.Module):
-    """course_lib.gpt.model.MLP split over the ranks: column-parallel c_fc, gelu, row-parallel c_proj."""
+    """course_lib.gpt.model.MLP split over the ranks: column-parallel c_fc, gelu, row-parallel c_proj.
 
-    def __init__(self, mlp, column=ColumnParallelLinear, row=RowParallelLinear):
+    f and g are class attributes, so a subclass can bring its own (as `train.tensor_parallel` does)."""
+
+    f, g = CopyToParallel, ReduceFromParallel
+
+    def __init__(self, mlp):
         super().__init__()
         rank, p = dist.get_rank(), dist.get_world_size()
-        self.c_fc = column(mlp.c_fc, rank, p)
-        self.c_proj = row(mlp.c_proj, rank, p)
-        self.dropout = mlp.dropout   # a real run would seed it alike on all ranks after c_proj
+        self.lo, self.hi = my_slice(mlp.c_fc.out_features, rank, p)
+        fc, proj = mlp.c_fc, mlp.c_proj
+        self.c_fc = _linear(fc.weight.detach()[self.lo:self.hi], fc.bias.detach()[self.lo:self.hi])   # rows of A
+        self.c_proj = _linear(proj.weight.detach()[:, self.lo:self.hi], proj.bias.detach())          # columns of B; b whole
+        self.dropout = mlp.dropout   # after g: every rank must draw the same mask (same seed on every rank)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        hidden = F.gelu(self.c_fc(self.f.apply(x)), approximate="tanh")   # (B, T, this rank's 4C/p)
+        partial = F.linear(hidden, self.c_proj.weight)                    # (B, T, C), one rank's share
+        return self.dropout(self.g.apply(partial) + self.c_proj.bias)

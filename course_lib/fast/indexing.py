@@ -15,7 +15,6 @@ import numpy as np
 from numba import njit
 
 from course_lib.tensor import tensor_data
-from course_lib.tensor.tensor_data import contiguous_strides  # noqa: F401  (fast/backend.py imports it from here)
 
 #: Row-major ordinal over `shape` -> position in storage of the view (strides, offset): the very
 #: function in tensor_data.py, compiled for the CPU.

@@ -1,0 +1,78 @@
+"""Chapter 11 on the learner's code: with the reference answers saved as a learner's, chapter 04's GPT trains
+on 2 worker processes with the learner's ring, DDP, ZeRO-1 wrapper and tensor-parallel MLP, as one process
+does; the workers run the learner's saved file, not the notebook; one wrong piece stops the assembly at
+once, named; the switch gives the course's pieces."""
+
+import shutil
+
+import carried
+import nbformat
+import pytest
+
+from course_lib import nbtools, yours
+from course_lib.checks import CheckFailed
+from course_lib.distributed import Code, carry
+from course_lib.yours import distributed
+
+SIX = "ring_all_reduce, DDP, ZeroOptimizer, CopyToParallel, ReduceFromParallel, ParallelMLP"
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A workspace where solutions/11's checks passed, so work/yours/ch11.py holds the reference answers."""
+    return carried.saved_workspace(tmp_path_factory, "11")
+
+
+@pytest.fixture
+def learner(saved, tmp_path, monkeypatch):
+    """A copy of the saved workspace, as the current one (a test may change a piece in it)."""
+    work = tmp_path / "work"
+    shutil.copytree(saved, work)
+    monkeypatch.setenv("COURSE_WORKSPACE", str(work))
+    return work
+
+
+def test_the_learners_pieces_train_the_gpt_in_the_workers_as_one_process(learner, tmp_path, capsys):
+    calls = tmp_path / "ring calls"
+    carried.break_piece("11", "ring_all_reduce", "    me, size = dist.get_rank(), dist.get_world_size()\n",
+                        "    me, size = dist.get_rank(), dist.get_world_size()\n"
+                        f"    open({str(calls)!r}, 'a').write(f'{{me}}\\n')   # a trace, not a change\n")
+    parts = distributed.assemble()
+    assert f"chapter 11: your {SIX}; nothing of the course's" in capsys.readouterr().out
+    assert all(piece.__module__ == "course_yours_ch11" for piece in parts.pieces.values())
+    carried_ring = carry(parts.pieces["ring_all_reduce"])   # what reaches the workers: the saved file's text
+    assert isinstance(carried_ring, Code) and carried_ring.filename == str(learner / "yours" / "ch11.py")
+    before = calls.read_text().count("\n")                 # the check ran it again, in its own workers
+    runs, one_process = parts.train_gpt(steps=3, world_size=2)
+    assert set(runs) == {"your ring", "your DDP + ZeRO-1", "your tensor parallel"}
+    for losses in runs.values():
+        assert max(abs(a - b) for a, b in zip(losses, one_process)) < 1e-12
+    assert calls.read_text().count("\n") - before == 2 * 3 * 2   # 2 ranks x 3 steps x (the gradients, the loss)
+
+
+def test_a_wrong_piece_stops_the_assembly_named(learner):
+    carried.break_piece("11", "ddp", "flat /= dist.get_world_size()", "flat *= 1")   # sums, never averages
+    with pytest.raises(CheckFailed, match="your saved `ddp` \\(DDP\\)") as failure:
+        distributed.assemble()
+    assert "the gradients were summed, not averaged" in str(failure.value)
+
+
+def test_the_switch_runs_the_courses_pieces(learner, capsys):
+    yours.use("11", False)
+    try:
+        parts = distributed.assemble()
+    finally:
+        yours.use("11", True)
+    assert parts.pieces == distributed.COURSE
+    assert f"chapter 11: your code switched off by yours.use; the course's {SIX}" in capsys.readouterr().out
+    assert not any(parts.runs_yours(run) for run in ("ring", "ddp + zero", "tensor parallel"))
+
+
+def test_the_payoff_stops_at_once_on_a_wrong_piece(learner):
+    carried.break_piece("11", "ring_all_reduce", "target.add_(buf)", "target.copy_(buf)")   # overwrites, never adds
+    (learner / "exercises").mkdir(exist_ok=True)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in carried.payoff_cells("11")])
+    nb = nbtools.execute(nb, cwd=learner / "exercises", allow_errors=True)
+    errors = [(k, o) for k, c in enumerate(nb.cells) for o in c.outputs if o.output_type == "error"]
+    (cell, error), *_ = errors
+    assert cell == 0 and error.ename == "CheckFailed" and "your saved `ring_all_reduce`" in error.evalue
