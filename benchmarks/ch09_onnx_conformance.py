@@ -9,6 +9,12 @@ installed onnx builds its node cases in memory (no data folder). A case counts a
   unsupported  the engine refused it (unknown op, attribute, dtype): skipped, never answered;
   expected     listed in KNOWN_DIFFERENCES (expected failures, with the reason).
 Only the CPU variants count; the CUDA duplicates are skipped by the backend.
+
+    .venv/bin/python benchmarks/ch09_onnx_conformance.py --peer     # and onnxruntime on the same cases
+
+With --peer, onnxruntime (its InferenceSession behind the same kind of Backend, numpy scalars fed as
+0-d arrays, as the engine's are) runs every case too, and the report gives both counts. For
+onnxruntime an error counts as not passed: it does not say whether a case is unsupported or wrong.
 """
 
 import collections
@@ -21,6 +27,45 @@ from pathlib import Path
 import onnx
 
 REPORT = Path(__file__).with_suffix(".md")
+
+
+def peer_passes():
+    """How many CPU node cases onnxruntime passes, run by onnx.backend.test like the engine."""
+    import numpy as np
+    import onnx.backend.test
+    import onnxruntime as ort
+    from onnx.backend.base import Backend, BackendRep
+
+    class OrtRep(BackendRep):
+        def __init__(self, session):
+            self.session = session
+
+        def run(self, inputs, **kwargs):
+            names = [i.name for i in self.session.get_inputs()]
+            feeds = dict(inputs.items()) if isinstance(inputs, dict) else dict(zip(names, inputs))
+            feeds = {k: np.asarray(v) if isinstance(v, np.generic) else v for k, v in feeds.items()}
+            return [np.asarray(v) if isinstance(v, np.generic) else v for v in self.session.run(None, feeds)]
+
+    class OrtBackend(Backend):
+        @classmethod
+        def prepare(cls, model, device="CPU", **kwargs):
+            options = ort.SessionOptions()
+            options.log_severity_level = 4
+            return OrtRep(ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]))
+
+        @classmethod
+        def run_model(cls, model, inputs, device="CPU", **kwargs):
+            return cls.prepare(model, device, **kwargs).run(inputs)
+
+        @classmethod
+        def supports_device(cls, device):
+            return device == "CPU"
+
+    cls = onnx.backend.test.BackendTest(OrtBackend, "peer").test_cases["OnnxBackendNodeModelTest"]
+    names = sorted(n for n in dir(cls) if n.startswith("test_") and n.endswith("_cpu"))
+    result = unittest.TestResult()
+    unittest.TestSuite(cls(n) for n in names).run(result)
+    return len(names) - len(result.failures) - len(result.errors) - len(result.skipped), ort.__version__
 
 
 def run():
@@ -49,7 +94,7 @@ def run():
     return names, outcome, reason, ops, seconds, KNOWN_DIFFERENCES
 
 
-def write(names, outcome, reason, ops, seconds, known):
+def write(names, outcome, reason, ops, seconds, known, peer=None):
     count = collections.Counter(outcome.values())
     by_op = collections.defaultdict(collections.Counter)
     for n in names:
@@ -72,6 +117,9 @@ def write(names, outcome, reason, ops, seconds, known):
         f"| total | {len(names)} |",
         "",
     ]
+    if peer is not None:
+        lines += [f"onnxruntime {peer[1]} passes {peer[0]} of the same {len(names)} cases in the same run "
+                  f"(`--peer`); the engine passes {count['passed']}.", ""]
     if known:
         lines += ["## Expected failures", ""] + [f"- `{k}`: {v}" for k, v in known.items()] + [""]
     failed = [n for n in names if outcome[n] == "failed"]
@@ -90,6 +138,10 @@ def write(names, outcome, reason, ops, seconds, known):
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    count = write(*run())
+    outcome = run()
+    peer = peer_passes() if "--peer" in sys.argv else None
+    count = write(*outcome, peer=peer)
     print(f"passed {count['passed']}, failed {count['failed']}, unsupported {count['unsupported']}, "
           f"expected {count['expected']}; report in {REPORT}")
+    if peer:
+        print(f"onnxruntime {peer[1]}: passed {peer[0]} of the same cases")

@@ -4,17 +4,22 @@ Models: the MLP, chapter 08's CNN (both trained 4 epochs on the digits) and chap
 from course_lib.infer.models, exported with
 torch.onnx.export(dynamo=False); batch 1 and 32; the engine without and with its passes.
 A ratio is engine time / onnxruntime time (lower is better; 1.0 means as fast): the median, over
-interleaved rounds, of the ratio within each round.
+interleaved rounds, of the ratio within each round. In a round each contestant runs back to back
+for about a millisecond (at least once), and its time is the mean of those calls.
 
-    .venv/bin/python benchmarks/ch09_vs_onnxruntime.py [--repeats 20] [--threads 1]
+    .venv/bin/python benchmarks/ch09_vs_onnxruntime.py [--repeats 20] [--threads 1] [--clock cpu]
 
 Both sides get the same number of threads (default 1: numpy's BLAS through OPENBLAS_NUM_THREADS,
 set before numpy loads; onnxruntime through intra_op_num_threads). On a shared 2-core machine,
 multi-threaded BLAS under contention is many times slower and the figures become noise.
+With one thread, `--clock cpu` times each contestant by the CPU time of the thread that runs both
+(time.thread_time: onnxruntime runs a one-thread session in the caller's thread), which waiting for
+a core does not inflate; on a busy machine the figures still rise, as other work shares the caches.
 """
 
 import argparse
 import os
+import platform
 import sys
 import time
 
@@ -30,20 +35,25 @@ from course_lib.infer import InferenceSession  # noqa: E402  (after the thread v
 from course_lib.infer.models import MLP, course_cnn, course_gpt, export, train_digits  # noqa: E402  (after the thread variables are set)
 
 
-def side_by_side(fns, repeats):
-    """Time each function once per round, in turn, for `repeats` rounds (after one warm-up round).
+def side_by_side(fns, repeats, clock=time.perf_counter):
+    """Time the functions in turn, for `repeats` rounds (after a warm-up round that also counts how many
+    calls of each take about a millisecond; a round runs that many back to back).
 
     Interleaving spreads any load from other processes evenly over the contestants. Returns the median
-    milliseconds of each and, for each function after the first, the median over rounds of its time
-    divided by the first's time in the same round."""
+    milliseconds per call of each and, for each function after the first, the median over rounds of its
+    time divided by the first's time in the same round."""
+    calls = []
     for fn in fns:
+        t0 = clock()
         fn()
+        calls.append(max(1, int(1e-3 / max(clock() - t0, 1e-6))))
     times = np.zeros((repeats, len(fns)))
     for r in range(repeats):
-        for k, fn in enumerate(fns):
-            t0 = time.perf_counter()
-            fn()
-            times[r, k] = time.perf_counter() - t0
+        for k, (fn, n) in enumerate(zip(fns, calls)):
+            t0 = clock()
+            for _ in range(n):
+                fn()
+            times[r, k] = (clock() - t0) / n
     ratios = [float(np.median(times[:, k] / times[:, 0])) for k in range(1, len(fns))]
     return 1e3 * np.median(times, axis=0), ratios
 
@@ -56,6 +66,16 @@ def blas_threads():
         return f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}"
     return ", ".join(f"{os.path.basename(p['filepath'])} {p['num_threads']}"
                      for p in threadpool_info() if p["user_api"] == "blas")
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def models():
@@ -78,18 +98,27 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: the CPU time of the one thread (only with --threads 1; for a busy machine)")
+    parser.add_argument("--models", default="MLP,CNN,GPT", help="a comma-separated subset of MLP, CNN, GPT")
     args = parser.parse_args()
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu measures one thread: use it with --threads 1")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = args.threads
-    print(f"torch {torch.__version__}, onnxruntime {ort.__version__}, numpy {np.__version__}; "
-          f"{args.repeats} interleaved rounds, medians")
+    print(f"{cpu_name()}; torch {torch.__version__}, onnxruntime {ort.__version__}, numpy {np.__version__}; "
+          f"{args.repeats} interleaved rounds, medians, {args.clock} clock")
     print(f"threads: numpy BLAS {blas_threads()} (numpy's other kernels run on one); onnxruntime "
           f"intra_op {options.intra_op_num_threads}, inter_op {options.inter_op_num_threads}; torch (export only) "
           f"{torch.get_num_threads()}")
     print(f"{'model':<20}{'batch':>6}{'ort ms':>10}{'engine ms':>11}{'ratio':>8}{'+passes ms':>12}{'ratio':>8}"
           f"{'max|diff|':>11}")
+    wanted = args.models.split(",")
     for name, onx, feeds_for in models():
+        if name.split(" ")[0] not in wanted:
+            continue
         for batch in (1, 32):
             feeds = feeds_for(batch)
             shapes = {k: v.shape for k, v in feeds.items()}
@@ -99,7 +128,7 @@ def main():
             diff = max(float(np.max(np.abs(a - b))) for a, b in zip(ref.run(None, feeds), fast.run(None, feeds)))
             (t_ort, t_plain, t_fast), (r_plain, r_fast) = side_by_side(
                 [lambda: ref.run(None, feeds), lambda: plain.run(None, feeds), lambda: fast.run(None, feeds)],
-                args.repeats)
+                args.repeats, clock)
             print(f"{name:<20}{batch:>6}{t_ort:>10.3f}{t_plain:>11.3f}{r_plain:>8.2f}"
                   f"{t_fast:>12.3f}{r_fast:>8.2f}{diff:>11.2e}")
 

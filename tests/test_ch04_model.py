@@ -116,3 +116,47 @@ def test_loss_is_cross_entropy_and_too_long_input_is_refused():
     torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, 71), tgt.reshape(-1)))
     with pytest.raises(ValueError, match="block_size"):
         m(torch.zeros(1, 24, dtype=torch.long))
+
+
+def test_bias_false_is_nanogpts_variant():
+    """GPTConfig(bias=False): no bias anywhere (linear layers, LayerNorms); gelu="none": the exact GELU."""
+    m = randomize(GPT(small_config(bias=False, gelu="none")), 4).eval()
+    names = [n for n, _ in m.named_parameters()]
+    assert not [n for n in names if n.endswith(".bias")], names
+    assert m.transformer.ln_f.bias is None and m.transformer.h[0].mlp.c_fc.bias is None
+    block, x = m.transformer.h[1].double(), torch.randn(2, 5, 36, dtype=torch.float64)
+    with torch.no_grad():
+        h = F.layer_norm(x, (36,), block.ln_2.weight, None, 1e-5)
+        expected = F.gelu(h @ block.mlp.c_fc.weight.T) @ block.mlp.c_proj.weight.T   # exact GELU
+        torch.testing.assert_close(block.mlp(block.ln_2(x)), expected)
+        assert not torch.allclose(F.gelu(h, approximate="tanh"), F.gelu(h), rtol=0, atol=1e-7)
+
+
+def test_the_attention_kernel_is_chosen_once_when_the_model_is_built():
+    from course_lib.gpt import model as gm
+
+    for kw, kernel in ((dict(), gm.sdpa_attention), (dict(sdpa=False), gm.written_out_attention),
+                       (dict(fused=True), gm.fused_attention)):
+        assert all(b.attn.attend is kernel for b in GPT(small_config(**kw)).transformer.h)
+    # the written-out path and SDPA compute the same model, with and without a cache
+    a = randomize(GPT(small_config()), 5).eval()
+    b = GPT(small_config(sdpa=False)).eval()
+    b.load_state_dict(a.state_dict())
+    idx = torch.randint(0, 71, (2, 13))
+    torch.testing.assert_close(a(idx)[0], b(idx)[0], rtol=1e-5, atol=1e-5)
+    ca, cb = KVCache(3), KVCache(3)
+    a(idx[:, :6], cache=ca), b(idx[:, :6], cache=cb)
+    torch.testing.assert_close(a(idx[:, 6:9], cache=ca)[0], b(idx[:, 6:9], cache=cb)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_attention_maps_are_the_weights_of_each_layers_own_queries_and_keys():
+    m = randomize(GPT(small_config()), 6).eval()
+    idx = torch.randint(0, 71, (2, 9))
+    maps = m.attention_maps(idx)
+    with torch.no_grad():   # layer 0 by hand: ln_1 of the embeddings, c_attn, split into heads
+        x = m.transformer.wte(idx) + m.transformer.wpe(torch.arange(9))
+        q, k, _ = m.transformer.h[0].attn.c_attn(m.transformer.h[0].ln_1(x)).split(36, dim=2)
+        q, k = (t.view(2, 9, 4, 9).transpose(1, 2) for t in (q, k))
+        scores = (q @ k.transpose(-2, -1) / 3.0).masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+        torch.testing.assert_close(maps[0], scores.softmax(-1))
+    assert not hasattr(m.transformer.h[0].attn, "last_weights")   # the forward pass keeps nothing

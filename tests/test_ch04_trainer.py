@@ -102,3 +102,22 @@ def test_checkpoint_round_trip_with_weights_only(tmp_path):
     for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
         assert torch.equal(a, b)
     assert opt2.state_dict()["state"].keys() == opt.state_dict()["state"].keys()
+
+
+def test_configure_optimizer_uses_the_fused_adamw_and_steps_like_the_loop():
+    """One fused kernel per step on CPU tensors; the same updates as PyTorch's per-tensor AdamW."""
+    torch.manual_seed(0)
+    a = GPT(GPTConfig(vocab_size=31, block_size=8, n_layer=2, n_head=2, n_embd=16)).double()
+    b = GPT(GPTConfig(vocab_size=31, block_size=8, n_layer=2, n_head=2, n_embd=16)).double()
+    b.load_state_dict(a.state_dict())
+    cfg = TrainConfig(lr=3e-3, weight_decay=0.1)
+    fused = configure_optimizer(a, cfg)
+    assert fused.defaults["fused"] is True
+    loop = torch.optim.AdamW([{"params": [p for p in b.parameters() if p.ndim >= 2], "weight_decay": 0.1},
+                              {"params": [p for p in b.parameters() if p.ndim < 2], "weight_decay": 0.0}],
+                             lr=cfg.lr, betas=tuple(cfg.betas), foreach=False, fused=False)
+    x = torch.randint(0, 31, (3, 8))
+    for _ in range(3):
+        train_step(a, fused, x, x.roll(1, 1)), train_step(b, loop, x, x.roll(1, 1))
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-12, msg=name)

@@ -242,7 +242,7 @@ def test_each_pass_keeps_outputs_identical(exported):
         g = load(onx)
         feeds = feeds_list[0]
         shapes = {k: v.shape for k, v in feeds.items()}
-        for p in (passes.fold_constants, passes.eliminate_dead_nodes, passes.fuse_matmul_add, passes.fuse_conv_relu,
+        for p in (passes.fold_constants, passes.eliminate_dead_nodes, passes.fuse_matmul_add, passes.fuse_conv,
                   lambda g: passes.fold_shapes(g, shapes)):
             assert passes.verify(g, p(g), feeds)
 
@@ -258,10 +258,12 @@ def test_passes_shrink_the_gpt(exported):
     assert len(fused.nodes) < len(folded.nodes) < len(g.nodes)
 
 
-def test_conv_relu_fusion(exported):
+def test_conv_fusion_takes_bias_relu_and_pool(exported):
     g = load(exported[1][0])
-    fused = passes.fuse_conv_relu(g)
-    assert sum(n.op_type == "ConvRelu" for n in fused.nodes) == 2 and not any(n.op_type == "Relu" for n in fused.nodes)
+    fused = passes.fuse_conv(g)
+    assert [n.op_type for n in fused.nodes] == ["FusedConv", "FusedConv", "Flatten", "Gemm"]
+    assert all(n.attrs["activation"] == "Relu" and n.attrs["pool_kernel_shape"] == [2, 2]
+               for n in fused.nodes[:2])
 
 
 def test_matmul_add_keeps_shared_products():

@@ -18,7 +18,7 @@ from course_lib.fused import scan_cuda
 from course_lib.fused.fastexp import exp_neg
 from course_lib.fused.scan_op import selective_scan, selective_scan_fused
 from course_lib.mamba import Mamba, MambaCache, MambaConfig
-from course_lib.mamba.scan import selective_scan_sequential
+from course_lib.mamba.scan import scan_kernel, selective_scan_sequential
 
 NAMES = ("x", "delta", "A", "B", "C", "D")
 
@@ -105,6 +105,24 @@ def test_mamba_with_the_fused_scan_gives_the_same_logits_state_and_gradients(sel
             cache = MambaCache(2)
             logits[scan] = torch.cat([model(idx, cache=cache)[0], model(idx[:, :3], cache=cache)[0]], 1)
     torch.testing.assert_close(logits["fused"], logits["sequential"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_of_ones_own_plugs_into_mamba():
+    """scan_kernel(fn) makes fn the "fused" scan inside the block, and only there."""
+    model = random_mamba("fused", True)
+    idx = torch.randint(0, 29, (2, 11), generator=torch.Generator().manual_seed(3))
+    calls = []
+
+    def mine(x, delta, A, B, C, D, return_state=False):
+        calls.append(tuple(x.shape))
+        return selective_scan_sequential(x, delta, A, B, C, D, return_state=return_state)
+
+    with torch.no_grad():
+        with scan_kernel(mine):
+            logits = model(idx)[0]
+        assert calls == [(2, 11, 24)] * 2                       # one call per layer (d_inner = 2 * d_model)
+        torch.testing.assert_close(model(idx)[0], logits, rtol=1e-5, atol=1e-5)   # the course's kernel again
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

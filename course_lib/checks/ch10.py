@@ -1,15 +1,60 @@
-"""Checks for chapter 10, fused kernels: the online-softmax update, the fused scan's inner loop for one
-channel, and tiled attention. The oracles are written another way: from the definitions (whole rows at
-once), chapter 05's sequential scan and PyTorch's scaled_dot_product_attention, all in float64."""
+"""Checks for chapter 10, fused kernels: the online-softmax update, the fused selective scan, the
+FlashAttention forward and backward in Numba, the forward as a CUDA kernel, and the custom op.
+
+The oracles are written another way: definitions over whole rows (the update), chapter 05's
+sequential scan and a numpy loop over every state (the scan), PyTorch's scaled_dot_product_attention
+and its autograd (attention), all in float64. Each kernel's outputs arrive filled with NaN, so an
+element nobody wrote shows up. And the property the chapter teaches is checked too: `tracemalloc`
+sees every array numpy or a Numba kernel allocates, on any thread and any OS, so a kernel that keeps
+an (L, N) history of states or builds a (T, T) matrix of scores fails with the size it allocated.
+"""
+
+import itertools
+import tracemalloc
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from course_lib.checks import assert_close, exercise, fmt, require, rng
+from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng
 from course_lib.checks.ch05 import scan_inputs  # chapter 05's random scan inputs, the same here
 
-# ---- the online-softmax update ------------------------------------------------------------
+
+def _peak_bytes(run):
+    """The most bytes that numpy and Numba held at once while run() ran, above what they held before.
+    Call run() once before: compiling a kernel allocates tens of MB."""
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        run()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+
+
+def _mb(n):
+    return f"{n / 1e6:.2f} MB"
+
+
+def _nan(shape, dtype=np.float64):
+    return np.full(shape, np.nan, dtype)
+
+
+def _require_written(out, what, hint):
+    """Fail if some element of an output that arrived full of NaN is NaN still: nobody wrote it."""
+    bad = np.isnan(np.asarray(out, dtype=np.float64))
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise CheckFailed(f"{what}: {int(bad.sum())} of {bad.size} elements are NaN (first at index {first}); "
+                          f"the array arrived full of NaN, so they were never written, or a NaN crept in.\n"
+                          f"  hint: {hint}")
+
+
+# ---- 1. the online-softmax update ------------------------------------------------------------
 
 
 def _state_of(scores, values):
@@ -75,94 +120,476 @@ def online_softmax_update(your_online_softmax_update):
     return "6 tiles: the first one, a rising max, huge and masked scores, 3 random"
 
 
-# ---- the fused scan's inner loop -----------------------------------------------------------
+# ---- 2. the fused selective scan ---------------------------------------------------------------
 
-def _channel_mistake(x, delta, A, B, C, D, carry=True, skip=True, exp=True, delta_in_b=True):
-    h, y = np.zeros(A.shape[0]), np.zeros(x.shape[0])
-    for t in range(x.shape[0]):
-        a = np.exp(delta[t] * A) if exp else delta[t] * A
-        h = (a * h if carry else 0) + (delta[t] if delta_in_b else 1) * x[t] * B[t]
-        y[t] = C[t] @ h + (D * x[t] if skip else 0)
-    return y
+
+def _scan_states(x, delta, A, B, carry=True, exp=True, delta_in_b=True):
+    """Every state h_t, (b, L, D, N), in float64, one numpy step per position (the flags build mistakes)."""
+    bsz, L, Dm = x.shape
+    h, states = np.zeros((bsz, Dm, A.shape[1])), np.empty((bsz, L, Dm, A.shape[1]))
+    for t in range(L):
+        a = np.exp(delta[:, t, :, None] * A) if exp else delta[:, t, :, None] * A
+        u = (delta[:, t] if delta_in_b else 1) * x[:, t]
+        h = (a * h if carry else 0) + u[:, :, None] * B[:, t, None, :]
+        states[:, t] = h
+    return states
+
+
+def _readout(states, C, x, D, skip=True):
+    return np.einsum("bldn,bln->bld", states, C) + (x * D if skip else 0)
+
+
+def _checkpoints(states, chunk, after=False):
+    """The state before every chunk-th step (h = 0 before step 0); after=True: the state after it (a mistake)."""
+    L = states.shape[1]
+    steps = range(0, L, chunk)
+    if after:
+        return np.stack([states[:, t] for t in steps], 1)
+    return np.stack([states[:, t - 1] if t else np.zeros_like(states[:, 0]) for t in steps], 1)
+
+
+def _run_scan(kernel, args, chunk, dtype):
+    x = args[0]
+    (bsz, L, Dm), N = x.shape, args[2].shape[1]
+    y, h_last = _nan((bsz, L, Dm), dtype), _nan((bsz, Dm, N), dtype)
+    ckpt = _nan((bsz, -(-L // chunk), Dm, N), dtype)
+    kernel(*(np.ascontiguousarray(a, dtype=dtype) for a in args), y, h_last, ckpt, chunk)
+    return y, h_last, ckpt
 
 
 @exercise
-def scan_channel(your_scan_channel):
-    """One (batch, channel) pair's fused forward over time, for every pair, against chapter 05's
-    sequential scan on the whole (b, L, D, N) problem in float64."""
+def fused_scan(your_fused_scan):
+    """The fused selective scan kernel: y, the last state and the checkpoints against chapter 05's scan and
+    a numpy loop over every state (float64), float32 too; then the memory it allocates at L = 4096."""
     from course_lib.mamba.scan import selective_scan_sequential
 
-    for b, L, D, N in [(1, 1, 2, 3), (1, 9, 3, 1), (2, int(rng().integers(10, 30)), 3, int(rng().integers(2, 7)))]:
-        x, delta, A, Bm, Cm, Dk = scan_inputs(b, L, D, N)
-        expected = selective_scan_sequential(*(torch.tensor(a, dtype=torch.float64) for a in (x, delta, A, Bm, Cm, Dk)))
-        expected = expected.numpy()
-        for i in range(b):
-            for d in range(D):
-                args = (x[i, :, d], delta[i, :, d], A[d], Bm[i], Cm[i], float(Dk[d]))
-                yours = your_scan_channel(*(a.copy() if isinstance(a, np.ndarray) else a for a in args))
-                require(yours is not None, "scan_channel returned None. Did you forget a `return`?")
-                mistakes = {
-                    "the state is not carried from step to step: h_t = exp(delta_t A) h_(t-1) + ..., "
-                    "with h kept between steps": _channel_mistake(*args, carry=False),
-                    "the D skip is missing: y_t = C_t . h_t + D x_t": _channel_mistake(*args, skip=False),
-                    "you forgot the exp: the state decays by exp(delta_t A)": _channel_mistake(*args, exp=False),
-                    "the input term is delta_t B_t x_t; you left out delta": _channel_mistake(*args, delta_in_b=False),
-                }
-                assert_close(yours, expected[i, :, d], what=f"y of batch row {i}, channel {d}, for (b, L, D, N) = "
-                             f"{(b, L, D, N)}", rtol=1e-9, atol=1e-12, mistakes=mistakes,
-                             inputs={"x": args[0], "delta": args[1], "A": args[2]})
-    return "every channel of 3 random problems, L = 1 to 29"
+    cases = [(1, 1, 2, 3, 4), (2, 13, 3, 5, 4), (1, 9, 4, 1, 1), (1, 6, 2, 2, 8)]
+    cases.append((2, int(rng().integers(10, 40)), int(rng().integers(2, 7)), int(rng().integers(2, 9)),
+                  int(rng().integers(2, 10))))
+    for b, L, D, N, chunk in cases:
+        args = scan_inputs(b, L, D, N)
+        x, delta, A, Bm, Cm, Dk = args
+        y, h_last, ckpt = _run_scan(your_fused_scan, args, chunk, np.float64)
+        what = f"for (b, L, D, N) = {(b, L, D, N)} and chunk = {chunk}"
+        _require_written(y, f"y {what}", "every (batch, channel) pair writes y at every step: a prange over b * D pairs")
+        states = _scan_states(x, delta, A, Bm)
+        expected = selective_scan_sequential(*(torch.from_numpy(a) for a in args)).numpy()
+        assert_close(y, expected, what=f"y {what}", rtol=1e-9, atol=1e-12, inputs={"x": x, "delta": delta, "A": A}, mistakes={
+            "the state is not carried from step to step: h_t = exp(delta_t A) h_(t-1) + ..., with h kept "
+            "between steps": _readout(_scan_states(x, delta, A, Bm, carry=False), Cm, x, Dk),
+            "the D skip is missing: y_t = C_t . h_t + D x_t": _readout(states, Cm, x, Dk, skip=False),
+            "you forgot the exp: the state decays by exp(delta_t A)":
+                _readout(_scan_states(x, delta, A, Bm, exp=False), Cm, x, Dk),
+            "the input term is delta_t x_t B_t; you left out delta":
+                _readout(_scan_states(x, delta, A, Bm, delta_in_b=False), Cm, x, Dk)})
+        _require_written(h_last, f"h_last {what}", "write each pair's state after its last step into h_last[b, d]")
+        assert_close(h_last, states[:, -1], what=f"h_last, the state after the last step, {what}", rtol=1e-9, atol=1e-12,
+                     mistakes={"h_last is the state after the last step, L - 1": states[:, -2] if L > 1 else 0 * h_last})
+        _require_written(ckpt, f"ckpt {what}", f"checkpoint c is the state before step c * chunk: every chunk-th step "
+                         f"(t % chunk == 0, t = 0 included), ceil(L / chunk) = {ckpt.shape[1]} of them")
+        assert_close(ckpt, _checkpoints(states, chunk), what=f"ckpt, the state before every chunk-th step, {what}",
+                     rtol=1e-9, atol=1e-12, mistakes={
+                         "save the checkpoint before the step's update: ckpt[b, t // chunk, d] holds h_(t-1) "
+                         "(zeros for t = 0), the state the backward restarts from": _checkpoints(states, chunk, after=True)})
+    args = scan_inputs(2, 50, 8, 16)
+    y, h_last, ckpt = _run_scan(your_fused_scan, args, 16, np.float32)
+    require(y.dtype == np.float32, "float32 inputs must give float32 outputs")
+    states = _scan_states(*args[:4])
+    for got, exp, name in ((y, _readout(states, args[4], args[0], args[5]), "y"), (h_last, states[:, -1], "h_last")):
+        scale = np.abs(exp).max()
+        assert_close(got / scale, exp / scale, what=f"{name} in float32 (divided by its largest value), (b, L, D, N) = "
+                     "(2, 50, 8, 16)", rtol=0, atol=1e-5, hint="float32 work must stay float32, with float32 states")
+    _scan_memory(your_fused_scan)
+    return f"{len(cases)} shapes (L = 1, L not a multiple of the chunk, chunk = 1) in float64, one in float32, and memory"
 
 
-# ---- tiled attention -----------------------------------------------------------------------
+def _scan_memory(kernel):
+    b, L, D, N, chunk = 1, 4096, 4, 16, 64
+    args = scan_inputs(b, L, D, N)
+    outputs = (_nan((b, L, D)), _nan((b, D, N)), _nan((b, L // chunk, D, N)))
+    inputs = tuple(np.ascontiguousarray(a) for a in args)
+    kernel(*inputs, *outputs, chunk)                         # compiled already; warm
+    peak = _peak_bytes(lambda: kernel(*inputs, *outputs, chunk))
+    history = L * N * 8
+    require(peak < history // 4,
+            f"your kernel allocated {_mb(peak)} at its peak for one call at (b, L, D, N) = {(b, L, D, N)}, float64. "
+            f"One (L, N) history of one channel's states is {_mb(history)}, the whole (b, L, D, N) {_mb(history * D)}.",
+            hint="the fused scan keeps only the N numbers of each pair's current state (a local array, updated in "
+                 "place) and writes y, h_last and the checkpoints into the arrays it is given; it stores no history.")
 
-def _sdpa(q, k, v, causal, keys=None):
-    """F.scaled_dot_product_attention in float64 on one head; keys: keep only the first `keys` keys."""
-    q, k, v = (torch.tensor(a, dtype=torch.float64)[None] for a in (q, k, v))
+
+# ---- 3. and 4. FlashAttention forward and backward in Numba ----------------------------------
+
+
+def _attention_np(q, k, v, causal, scale, shift=0, first_keys=False, keys=None):
+    """(out, lse, P) in float64 numpy, heads first: (BH, T, d). shift, first_keys and keys build mistakes."""
     Tq, Tk = q.shape[1], k.shape[1]
-    mask = torch.ones(Tq, Tk, dtype=torch.bool)
-    if causal:
-        mask = mask.tril()
+    i, j = np.arange(Tq)[:, None], np.arange(Tk)[None, :]
+    allowed = j <= i + (0 if first_keys else Tk - Tq) + shift if causal else np.ones((Tq, Tk), bool)
     if keys is not None:
-        mask[:, keys:] = False
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)[0].numpy()
+        allowed = allowed & (j < keys)
+    with np.errstate(invalid="ignore"):
+        s = np.where(allowed, q @ k.transpose(0, 2, 1) * scale, -np.inf)
+        m = s.max(-1, keepdims=True)
+        e = np.exp(s - m)
+        denom = e.sum(-1, keepdims=True)
+        return e / denom @ v, (m + np.log(denom))[..., 0], e / denom
 
 
-def _masked(q, k, v, mask, scale):
-    s = np.where(mask, q @ k.T * scale, -np.inf)
-    with np.errstate(all="ignore"):
-        p = np.exp(s - s.max(1, keepdims=True))
-        return p / p.sum(1, keepdims=True) @ v
+def _sdpa_float64(q, k, v, causal, scale):
+    """PyTorch's out and lse, float64, for numpy heads-first inputs: the oracle (another code path)."""
+    q, k, v = (torch.from_numpy(np.asarray(a, np.float64)) for a in (q, k, v))
+    Tq, Tk = q.shape[1], k.shape[1]
+    mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq) if causal else torch.ones(Tq, Tk, dtype=torch.bool)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    lse = (q @ k.transpose(1, 2) * scale).masked_fill(~mask, float("-inf")).logsumexp(-1)
+    return out.numpy(), lse.numpy()
+
+
+def _attention_inputs(BH, Tq, Tk, d, dv):
+    return (rng().uniform(-1.5, 1.5, (BH, Tq, d)), rng().uniform(-1.5, 1.5, (BH, Tk, d)),
+            rng().uniform(-2, 2, (BH, Tk, dv)))
+
+
+def _attention_cases():
+    """(BH, Tq, Tk, d, dv, BQ, BK, causal): tile edges, tiles that do not divide T, BQ != BK, one-row
+    tiles, fewer queries than keys (a KV cache) with and without the mask, one query, and 2 random."""
+    cases = [(2, 10, 10, 4, 3, 4, 4, True), (3, 9, 9, 5, 4, 3, 2, True), (2, 7, 20, 3, 5, 4, 6, True),
+             (1, 1, 13, 4, 2, 1, 5, True), (2, 6, 11, 3, 4, 1, 1, False), (2, 12, 12, 6, 6, 5, 3, False)]
+    for _ in range(2):
+        BQ, BK = (int(v) for v in rng().integers(2, 9, 2))
+        Tq = BQ * int(rng().integers(1, 4)) + int(rng().integers(1, BQ))          # never a multiple of BQ
+        cases.append((int(rng().integers(1, 4)), Tq, Tq + int(rng().integers(0, 6)), int(rng().integers(2, 9)),
+                      int(rng().integers(1, 8)), BQ, BK, bool(rng().integers(0, 2))))
+    return cases
+
+
+def _case_name(BH, Tq, Tk, d, dv, BQ, BK, causal):
+    return f"BH = {BH}, Tq = {Tq}, Tk = {Tk}, d = {d}, dv = {dv}, BQ = {BQ}, BK = {BK}, causal = {causal}"
+
+
+def _run_forward(kernel, q, k, v, scale, causal, BQ, BK, dtype=np.float64):
+    q, k, v = (np.ascontiguousarray(a, dtype=dtype) for a in (q, k, v))
+    out, lse = _nan(q.shape[:2] + v.shape[2:], dtype), _nan(q.shape[:2], dtype)
+    kernel(q, k, v, out, lse, dtype(scale), causal, BQ, BK)
+    return out, lse
+
+
+def _forward_mistakes(q, k, v, causal, scale, BK):
+    """{hint: (out, lse)} of the usual mistakes."""
+    Tq, Tk = q.shape[1], k.shape[1]
+    mistakes = {"the scores must be multiplied by scale (1 / sqrt(d)) before the softmax":
+                    _attention_np(q, k, v, causal, 1.0)[:2],
+                "the last key tile is shorter when Tk is not a multiple of BK: it must not be dropped":
+                    _attention_np(q, k, v, causal, scale, keys=Tk // BK * BK)[:2]}
+    if causal:
+        mistakes["query i sees keys 0 .. i + Tk - Tq, itself included: the mask is off by one"] = \
+            _attention_np(q, k, v, causal, scale, shift=1)[:2]
+        if Tq < Tk:
+            hint = ("the Tq queries are the LAST Tq of the Tk positions (a KV cache holds the earlier keys): "
+                    "query i sees keys 0 .. i + Tk - Tq, not 0 .. i")
+            mistakes[hint] = _attention_np(q, k, v, causal, scale, first_keys=True)[:2]
+    elif Tq == Tk:
+        mistakes["causal=False: every query sees every key, no mask"] = _attention_np(q, k, v, True, scale)[:2]
+    return mistakes
 
 
 @exercise
-def tiled_attention(your_tiled_attention):
-    """Tiled attention with the online softmax against PyTorch's SDPA (float64), causal and not,
-    with sequence lengths that are not multiples of the tile."""
-    cases = [(10, 10, 4, True), (9, 9, 8, True), (5, 11, 3, False)]
-    for _ in range(2):
-        tile = int(rng().integers(2, 7))
-        T = tile * int(rng().integers(2, 5)) + int(rng().integers(1, tile))     # never a multiple of the tile
-        cases.append((T, T, tile, bool(rng().integers(0, 2))))
-    for Tq, Tk, tile, causal in cases:
-        d, dv = int(rng().integers(2, 9)), int(rng().integers(1, 6))
-        q, k, v = rng().uniform(-1.5, 1.5, (Tq, d)), rng().uniform(-1.5, 1.5, (Tk, d)), rng().uniform(-2, 2, (Tk, dv))
-        yours = your_tiled_attention(q.copy(), k.copy(), v.copy(), causal=causal, tile=tile)
-        require(yours is not None, "tiled_attention returned None. Did you forget a `return`?")
-        what = f"the output for Tq = {Tq}, Tk = {Tk}, tile = {tile}, causal = {causal}"
-        rows, cols = np.arange(Tq)[:, None], np.arange(Tk)[None, :]
-        if causal and not np.isfinite(np.asarray(yours, dtype=np.float64)).all():
-            require(False, f"{what} has nan or inf; row 0: {fmt(np.asarray(yours)[0])}",
-                    hint="with causal=True query i sees keys 0 .. i, itself included: row 0 sees key 0.")
-        full = Tk // tile * tile
-        mistakes = {"the scores must be scaled by 1 / sqrt(d)": _masked(q, k, v, cols <= rows if causal else cols >= 0, 1.0),
-                    "the last tile is shorter when T is not a multiple of the tile: it must not be dropped":
-                        _sdpa(q, k, v, causal, keys=full)}
+def flash_forward(your_flash_forward):
+    """The tiled forward against PyTorch's SDPA (out) and logsumexp (lse) in float64 on tile edges, then
+    float32, then the memory it allocates at T = 2048."""
+    cases = _attention_cases()
+    for BH, Tq, Tk, d, dv, BQ, BK, causal in cases:
+        q, k, v = _attention_inputs(BH, Tq, Tk, d, dv)
+        scale = d ** -0.5
+        out, lse = _run_forward(your_flash_forward, q, k, v, scale, causal, BQ, BK)
+        what = _case_name(BH, Tq, Tk, d, dv, BQ, BK, causal)
+        _require_written(out, f"out for {what}", "every query tile writes its rows, the last, shorter one too: "
+                         "ceil(Tq / BQ) tiles per head, and a query sees at least key 0")
+        ref_out, ref_lse = _sdpa_float64(q, k, v, causal, scale)
+        mistakes = _forward_mistakes(q, k, v, causal, scale, BK)
+        assert_close(out, ref_out, what=f"out for {what}", rtol=1e-9, atol=1e-12, inputs={"q": q, "k": k, "v": v},
+                     mistakes={hint: o for hint, (o, _) in mistakes.items()} | {
+                         "divide the accumulator by the running sum l after the last tile":
+                             _unnormalized(q, k, v, causal, scale)})
+        _require_written(lse, f"lse for {what}", "write lse[h, i] = m_i + log(l_i) for every row")
+        assert_close(lse, ref_lse, what=f"lse, the log of each row's softmax denominator, for {what}", rtol=1e-9,
+                     atol=1e-12, mistakes={hint: lse_ for hint, (_, lse_) in mistakes.items()} | {
+                         "lse is m + log(l): the running max plus the log of the running sum": _row_max(q, k, v, causal, scale),
+                         "lse is m + log(l): you left out the running max m": ref_lse - _row_max(q, k, v, causal, scale)})
+    q, k, v = _attention_inputs(2, 70, 70, 16, 16)
+    out, lse = _run_forward(your_flash_forward, q, k, v, 0.25, True, 32, 16, np.float32)
+    require(out.dtype == np.float32 and lse.dtype == np.float32, "float32 inputs give float32 outputs")
+    ref_out, ref_lse = _sdpa_float64(q, k, v, True, 0.25)
+    assert_close(out, ref_out, what="out in float32, Tq = Tk = 70, BQ = 32, BK = 16", rtol=1e-4, atol=2e-5)
+    assert_close(lse, ref_lse, what="lse in float32", rtol=1e-4, atol=2e-5)
+    _attention_memory(lambda q, k, v, BQ, BK: _run_forward(your_flash_forward, q, k, v, 0.25, True, BQ, BK), "forward")
+    _causal_skip(lambda q, k, v, BQ, BK: _run_forward(your_flash_forward, q, k, v, 0.5, True, BQ, BK)[0], "forward",
+                 "out", "when causal, a query tile's loop over key tiles stops after the tile that holds the last key "
+                 "its last row sees (row i sees keys up to i + Tk - Tq); the tiles past it are masked whole.")
+    return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), float32, memory, "
+            f"and causal tiles skipped")
+
+
+def _row_max(q, k, v, causal, scale):
+    Tq, Tk = q.shape[1], k.shape[1]
+    s = q @ k.transpose(0, 2, 1) * scale
+    if causal:
+        s = np.where(np.arange(Tk)[None, :] <= np.arange(Tq)[:, None] + Tk - Tq, s, -np.inf)
+    return s.max(-1)
+
+
+def _unnormalized(q, k, v, causal, scale):
+    """acc itself, sum_j exp(s_ij - m_i) v_j, as if the division by l were forgotten."""
+    out, lse, _ = _attention_np(q, k, v, causal, scale)
+    return out * np.exp(lse - _row_max(q, k, v, causal, scale))[..., None]
+
+
+def _attention_memory(run, which):
+    """A kernel that builds a (T, T) matrix of scores (or a row strip of it per head) fails here."""
+    BH, T, d, BQ, BK = 2, 2048, 16, 32, 32
+    q, k, v = (np.ascontiguousarray(a) for a in _attention_inputs(BH, T, T, d, d))
+    run(q, k, v, BQ, BK)                                       # compiled already; warm
+    peak = _peak_bytes(lambda: run(q, k, v, BQ, BK))
+    scores = T * T * 8
+    require(peak < scores // 4,
+            f"your {which} kernel allocated {_mb(peak)} at its peak for one call with {BH} heads, Tq = Tk = {T}, "
+            f"d = {d}, BQ = BK = {BQ}, float64 (outputs not counted). One (T, T) matrix of scores for one head is "
+            f"{_mb(scores)}.",
+            hint="keep one (BQ, BK) tile of scores per task, a few rows of state, and small buffers: the point of "
+                 "the tiled kernel is that the T x T matrix never exists, not even one head's.")
+
+
+def _causal_skip(run, which, name, hint):
+    """A causal kernel that visits key tiles above the diagonal gets the right values (those scores are
+    masked, p = 0) but does up to twice the work. Made visible: NaN in v's last key tile. A row whose query
+    tile sees none of those keys stays finite in a kernel that skips the tile; 0 * NaN is NaN in one that
+    visits it. The bound leaves a whole query tile of margin, so any alignment of the tiles passes."""
+    BH, T, d, BQ, BK = 2, 48, 4, 4, 8
+    q, k, v = _attention_inputs(BH, T, T, d, d)
+    v[:, T - BK:] = np.nan
+    with np.errstate(invalid="ignore"):
+        result = run(q, k, v, BQ, BK)
+    rows = T - BK - BQ                        # rows 0 .. rows - 1 see no key of the last tile, with a tile to spare
+    bad = np.argwhere(np.isnan(result[:, :rows]).any(-1))
+    require(bad.size == 0,
+            f"your {which} kernel visits key tiles above the diagonal: with causal=True, BH = {BH}, Tq = Tk = {T}, "
+            f"BQ = {BQ}, BK = {BK} and NaN in v's last key tile (keys {T - BK} .. {T - 1}), {len(bad)} rows of "
+            f"{name} among rows 0 .. {rows - 1}, which see none of those keys, came out NaN (first: head "
+            f"{bad[0][0] if bad.size else 0}, row {bad[0][1] if bad.size else 0}). The values were right, since "
+            f"p = 0 there, but 0 * v still reads v: the work of those tiles is wasted (half of all tiles at large T).",
+            hint=hint)
+
+
+def _grads_np(q, k, v, do, causal, scale, use_delta=True, scale_dq=True, scale_dk=True, shift=0):
+    """(dq, dk, dv) of sum(out * do) in float64, from the formulas (flags build mistakes)."""
+    out, _, P = _attention_np(q, k, v, causal, scale, shift=shift)
+    dv = P.transpose(0, 2, 1) @ do
+    dP = do @ v.transpose(0, 2, 1)
+    D = (do * out).sum(-1, keepdims=True) if use_delta else 0
+    dS = P * (dP - D)
+    return dS @ k * (scale if scale_dq else 1), dS.transpose(0, 2, 1) @ q * (scale if scale_dk else 1), dv
+
+
+def _sdpa_grads(q, k, v, do, causal, scale):
+    """PyTorch's autograd through scaled_dot_product_attention, float64: the oracle."""
+    q, k, v = (torch.tensor(np.asarray(a, np.float64), requires_grad=True) for a in (q, k, v))
+    Tq, Tk = q.shape[1], k.shape[1]
+    mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq) if causal else None
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return [g.numpy() for g in torch.autograd.grad(out, (q, k, v), torch.from_numpy(np.asarray(do, np.float64)))]
+
+
+def _run_backward(kernel, q, k, v, do, scale, causal, BQ, BK, dtype=np.float64):
+    out, lse = _sdpa_float64(q, k, v, causal, scale)
+    q, k, v, do, out, lse = (np.ascontiguousarray(a, dtype=dtype) for a in (q, k, v, do, out, lse))
+    dq, dk, dv = _nan(q.shape, dtype), _nan(k.shape, dtype), _nan(v.shape, dtype)
+    kernel(q, k, v, out, do, lse, dq, dk, dv, dtype(scale), causal, BQ, BK)
+    return dq, dk, dv
+
+
+@exercise
+def flash_backward(your_flash_backward):
+    """dq, dk, dv by recomputation against PyTorch's autograd through SDPA in float64, on tile edges; then
+    float32 and the memory it allocates at T = 2048."""
+    cases = _attention_cases()
+    for BH, Tq, Tk, d, dv, BQ, BK, causal in cases:
+        q, k, v = _attention_inputs(BH, Tq, Tk, d, dv)
+        do = rng().uniform(-1, 1, (BH, Tq, dv))
+        scale = d ** -0.5
+        grads = _run_backward(your_flash_backward, q, k, v, do, scale, causal, BQ, BK)
+        expected = _sdpa_grads(q, k, v, do, causal, scale)
+        what = _case_name(BH, Tq, Tk, d, dv, BQ, BK, causal)
+        mistakes = [
+            ("dS = P * (dP - D) with D_i = rowsum(dO_i * O_i): without D the rows of dS do not sum to 0",
+             _grads_np(q, k, v, do, causal, scale, use_delta=False)),
+            ("dQ = dS K * scale: the scores were q k^T * scale, so scale comes back in dQ",
+             _grads_np(q, k, v, do, causal, scale, scale_dq=False)),
+            ("dK = dS^T Q * scale: the scores were q k^T * scale, so scale comes back in dK",
+             _grads_np(q, k, v, do, causal, scale, scale_dk=False))]
         if causal:
-            mistakes["query i sees keys 0 .. i, not i + 1: the mask is off by one"] = \
-                _masked(q, k, v, cols <= rows + 1, d ** -0.5)
-        elif Tq == Tk:
-            mistakes["causal=False: every query sees every key, no mask"] = _sdpa(q, k, v, True)
-        assert_close(yours, _sdpa(q, k, v, causal), what=what, rtol=1e-9, atol=1e-12, mistakes=mistakes,
-                     inputs={"q": q, "k": k, "v": v})
-    return "5 cases, causal and not, lengths not multiples of the tile"
+            mistakes.append(("the mask is off by one: query i sees keys 0 .. i + Tk - Tq, so P is 0 above that",
+                             _grads_np(q, k, v, do, causal, scale, shift=1)))
+        for n, name in enumerate(("dq", "dk", "dv")):
+            _require_written(grads[n], f"{name} for {what}",
+                             "the arrays arrive uninitialized (here full of NaN): set dq to 0 before adding "
+                             "to it, and write every row of dk and dv, those of keys no query sees too (0)")
+            assert_close(grads[n], expected[n], what=f"{name} for {what}", rtol=1e-9, atol=1e-12,
+                         inputs={"q": q, "k": k, "v": v, "do": do},
+                         mistakes={hint: m[n] for hint, m in mistakes})
+    q, k, v = _attention_inputs(2, 70, 70, 16, 16)
+    do = rng().uniform(-1, 1, q.shape)
+    grads = _run_backward(your_flash_backward, q, k, v, do, 0.25, True, 32, 16, np.float32)
+    for name, g, e in zip(("dq", "dk", "dv"), grads, _sdpa_grads(q, k, v, do, True, 0.25)):
+        require(g.dtype == np.float32, "float32 inputs give float32 gradients")
+        assert_close(g, e, what=f"{name} in float32, Tq = Tk = 70, BQ = 32, BK = 16", rtol=1e-3, atol=1e-4)
+
+    def run(q, k, v, BQ, BK):
+        return _run_backward(your_flash_backward, q, k, v, q, 0.25, True, BQ, BK)
+    _attention_memory(run, "backward")
+    def probe(q, k, v, BQ, BK):            # out and lse from v without its NaN: only v's reads may bring them in
+        out, lse = _sdpa_float64(q, k, np.nan_to_num(v), True, 0.5)
+        dq, dk, dv = _nan(q.shape), _nan(k.shape), _nan(v.shape)
+        your_flash_backward(q, k, v, out, q, lse, dq, dk, dv, 0.5, True, BQ, BK)
+        return dq
+    _causal_skip(probe, "backward", "dq", "when causal, each key tile's loop over query tiles starts at the first query tile "
+                 "that sees one of its keys (the row j0 - (Tk - Tq)); the query tiles before it see none of them.")
+    return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), float32, memory, "
+            f"and causal tiles skipped")
+
+
+# ---- 5. the forward as a CUDA kernel ------------------------------------------------------------
+
+RACE_HINT = ("threads read the shared tiles that other threads write: one cuda.syncthreads() after the tile is "
+             "loaded (before any thread reads it), and one after the tile is used (before the next loop "
+             "overwrites it).")
+LOAD_HINT = ("each of the block's TILE threads loads one key row and one value row of the tile, whether or not "
+             "it has a query row of its own: in the last block, threads past Tq still load (and still reach "
+             "every cuda.syncthreads()); only their reads and writes of q, out and lse are skipped.")
+
+
+def _run_cuda(kernel, tile, q, k, v, scale, causal):
+    from course_lib.cuda.launch import LaunchError, launch
+
+    out, lse = _nan(q.shape[:2] + v.shape[2:]), _nan(q.shape[:2])
+    grid = (q.shape[0], -(-q.shape[1] // tile))
+    try:
+        launch(kernel, grid, tile, q, k, v, out, lse, scale, causal)
+    except LaunchError as e:
+        raise CheckFailed(f"the launch was refused: {e}") from None
+    except IndexError as e:                          # the simulator checks every index
+        raise CheckFailed(f"a thread read or wrote outside an array: {e}\n  hint: guard the loads of the last, "
+                          f"shorter key tile (j0 + t < Tk) and every use of the query row (i < Tq)") from None
+    return out, lse
+
+
+@exercise
+def flash_forward_cuda(your_kernel, your_tile):
+    """The forward as a CUDA kernel, one block of TILE threads per (head, query tile), against SDPA in
+    float64; the query and key counts are not multiples of the tile, so the last block has idle threads;
+    the first case runs twice, so a race that changes the answer is caught."""
+    require(isinstance(your_tile, int) and 4 <= your_tile <= 32, f"TILE should be an int from 4 to 32, got {your_tile!r}")
+    t = your_tile
+    cases = [(2, t + 5, 2 * t + 5, 8, 5, True), (1, t + 3, t + 3, 6, 8, True), (2, 5, t + 5, 3, 7, False)]
+    first = None
+    for BH, Tq, Tk, d, dv, causal in cases:
+        q, k, v = _attention_inputs(BH, Tq, Tk, d, dv)
+        scale = d ** -0.5
+        out, lse = _run_cuda(your_kernel, t, q, k, v, scale, causal)
+        first = first or (q, k, v, scale, causal, out)
+        what = f"BH = {BH}, Tq = {Tq}, Tk = {Tk}, d = {d}, dv = {dv}, TILE = {t}, causal = {causal}"
+        ref_out, ref_lse = _sdpa_float64(q, k, v, causal, scale)
+        try:
+            _require_written(out, f"out for {what}", "every thread with a query row (i < Tq) writes its row of out")
+            full = Tq // t * t
+            good_blocks = np.allclose(out[:, :full], ref_out[:, :full], rtol=1e-9, atol=1e-12)
+            assert_close(out, ref_out, what=f"out for {what}", rtol=1e-9, atol=1e-12,
+                         hint=LOAD_HINT if good_blocks and full < Tq else None,
+                         mistakes={hint: o for hint, (o, _) in _forward_mistakes(q, k, v, causal, scale, t).items()})
+            _require_written(lse, f"lse for {what}", "every thread with a query row writes lse[h, i] = m + log(l)")
+            assert_close(lse, ref_lse, what=f"lse for {what}", rtol=1e-9, atol=1e-12)
+        except CheckFailed as e:
+            again, _ = _run_cuda(your_kernel, t, q, k, v, scale, causal)
+            if not np.array_equal(np.nan_to_num(again, nan=7.25), np.nan_to_num(out, nan=7.25)):
+                raise CheckFailed(f"the same input gave different results on two runs: a race.\n  hint: {RACE_HINT}"
+                                  f"\n  first run: {e}") from None
+            raise CheckFailed(f"{e}\n  hint: if the arithmetic is right, suspect the shared tiles: a missing "
+                              f"barrier can give the same wrong answer twice. {RACE_HINT}") from None
+    q, k, v, scale, causal, out = first
+    again, _ = _run_cuda(your_kernel, t, q, k, v, scale, causal)
+    require(np.array_equal(again, out), f"the first case gave different results on a second run: a race.\n  hint: {RACE_HINT}")
+    q, k, v = (a.astype(np.float32) for a in _attention_inputs(1, t + 3, t + 3, 4, 4))
+    out32, _ = _run_cuda(your_kernel, t, q, k, v, np.float32(0.5), True)
+    assert_close(out32, _sdpa_float64(q, k, v, True, 0.5)[0], what="out for float32 inputs", rtol=1e-5, atol=1e-6)
+    return f"{len(cases)} shapes with idle threads in the last block, float32, and a rerun for races"
+
+
+# ---- 6. the custom op ----------------------------------------------------------------------------
+
+_names = itertools.count()
+
+
+def _heads_first(B, H, T, d, dtype=torch.float64):
+    """A (B, H, T, d) tensor as the GPT passes it: a transposed view of (B, T, H, d), not contiguous."""
+    return torch.tensor(rng().uniform(-1.5, 1.5, (B, T, H, d)), dtype=dtype).transpose(1, 2).requires_grad_()
+
+
+def _op_case(op, B, H, Tq, Tk, d, causal, what, contiguous=False):
+    q, k, v = _heads_first(B, H, Tq, d), _heads_first(B, H, Tk, d), _heads_first(B, H, Tk, d)
+    if contiguous:
+        q, k, v = (t.detach().contiguous().requires_grad_() for t in (q, k, v))
+    dout = torch.tensor(rng().uniform(-1, 1, (B, H, Tq, d)))
+    scale = d ** -0.5
+    result = op(q, k, v, causal, scale)
+    require(isinstance(result, tuple) and len(result) == 2, f"the op returns (out, lse); got {fmt(result)}")
+    out, lse = result
+    mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq) if causal else None
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    assert_close(out, ref, what=f"out for {what}", rtol=1e-9, atol=1e-12)
+    require(not lse.requires_grad, "lse is an output for the backward, not something to differentiate: mark it "
+            "non-differentiable (ctx.mark_non_differentiable) in setup_context")
+    mine, theirs = torch.autograd.grad(out, (q, k, v), dout), torch.autograd.grad(ref, (q, k, v), dout)
+    for name, m, t in zip(("q", "k", "v"), mine, theirs):
+        assert_close(m, t, what=f"the gradient of {name} for {what}", rtol=1e-9, atol=1e-12)
+
+
+@exercise
+def attention_op(your_register):
+    """register(name, forward_kernel, backward_kernel) -> a custom op (out, lse) = op(q, k, v, causal, scale)
+    with a fake and an autograd formula: values and gradients against SDPA (float64) on transposed views,
+    float32, and torch.library.opcheck. The kernels registered are the course's, so that this check tests
+    the registration alone (the exercises' closing cells register yours)."""
+    from course_lib.fused import attention_cpu
+
+    name = f"course_check{next(_names)}_{int(rng().integers(1 << 30))}::flash_attention"
+    op = your_register(name, attention_cpu.forward_kernel, attention_cpu.backward_kernel)
+    require(isinstance(op, torch._library.custom_ops.CustomOpDef),
+            f"register_flash_attention should return what @torch.library.custom_op made, got {op!r}.",
+            hint="decorate the forward with @torch.library.custom_op(name, mutates_args=()) and return it.")
+    for B, H, Tq, Tk, d, causal in [(2, 2, 21, 21, 8, True), (1, 3, 9, 30, 5, True), (2, 1, 17, 17, 4, False)]:
+        what = f"(B, H, Tq, Tk, d) = {(B, H, Tq, Tk, d)}, causal = {causal}, q, k, v transposed views"
+        try:
+            _op_case(op, B, H, Tq, Tk, d, causal, what)
+        except CheckFailed as e:
+            try:
+                _op_case(op, B, H, Tq, Tk, d, causal, what, contiguous=True)
+            except CheckFailed:
+                raise e from None
+            raise CheckFailed(f"{e}\n  hint: with contiguous q, k, v it works: the GPT hands over transposed views. "
+                              "Make each tensor contiguous before taking its numpy view, and allocate the outputs "
+                              "contiguous (`torch.empty(q.shape, dtype=q.dtype)`; `empty_like` of a view keeps its "
+                              "strides), so the kernel writes into the tensors you return.") from None
+    q32 = torch.randn(1, 2, 11, 8)
+    out32, lse32 = op(q32, q32, q32, True, 0.3)
+    require(out32.dtype == lse32.dtype == torch.float32, "float32 inputs give float32 outputs")
+    assert_close(out32, F.scaled_dot_product_attention(q32, q32, q32, is_causal=True, scale=0.3),
+                 what="out in float32", rtol=1e-5, atol=1e-6)
+    q, k, v = (torch.randn(2, 2, 9, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    try:
+        torch.library.opcheck(op, (q, k, v, True, 0.5))
+    except Exception as e:
+        msg = str(e).split("\n")[0][:400]
+        raise CheckFailed(f"torch.library.opcheck failed: {msg}\n  hint: the op needs a fake (register_fake: "
+                          "empty outputs of the right shapes and dtype), and its backward must be an op too "
+                          "(with its own fake), called from the autograd formula (register_autograd).") from None
+    return "3 cases on transposed views (a KV cache among them), float32, and torch.library.opcheck"

@@ -1,43 +1,40 @@
-"""Tiled attention with an online softmax on the CPU, in Numba (FlashAttention-2's algorithm).
+"""FlashAttention-2's forward and backward on the CPU, in Numba: no T x T matrix, ever.
 
     out = softmax(q k^T * scale) v        q: (BH, Tq, d), k: (BH, Tk, d), v: (BH, Tk, dv)
 
-Naive attention builds the Tq x Tk score matrix, softmaxes it and multiplies by v: for T = 4096
-and 4 heads that is 4 * 4096^2 float32 = 268 MB, written to memory and read back twice. Here each
-task takes a tile of BQ query rows and walks over the keys BK at a time; a BQ x BK tile of scores
-lives for one step and is never stored. The whole output row is not known until all keys are seen,
-so the softmax is computed *online*, keeping for each query row i:
+Naive attention builds the Tq x Tk scores, softmaxes them and multiplies by v: at T = 4096 with 4
+heads that is 4 * 4096^2 float32 = 268 MB, written and read back twice. Here a task takes a tile of
+BQ query rows and walks the keys BK at a time; a BQ x BK tile of scores lives for one step and is
+never stored. No row knows its softmax's denominator until it has seen every key, so the softmax
+is computed *online*, keeping for each query row i
 
-    m_i = the largest score seen so far,  l_i = sum_j exp(s_ij - m_i),  acc_i = sum_j exp(s_ij - m_i) v_j
+    m_i = the largest score seen so far,  l_i = sum_j exp(s_ij - m_i),  acc_i = sum_j exp(s_ij - m_i) v_j.
 
-(l is `denom` in the code). When a new tile raises the maximum from m to m', every term already
-summed was taken relative to the old m: multiplying l and acc by alpha = exp(m - m') re-bases them
-on m' (exp(s - m) * alpha = exp(s - m')). After the last tile, out_i = acc_i / l_i. Subtracting the running max keeps every
-exponent <= 0, so nothing overflows. The forward also saves lse_i = m_i + log(l_i), the log of the
-softmax's denominator: one number per row, all the backward needs to rebuild the probabilities.
+When a tile raises the max from m to m', the old sums were taken relative to m: multiplying l and
+acc by alpha = exp(m - m') moves them to m'. After the last tile, out_i = acc_i / l_i. Every
+exponent is <= 0, so nothing overflows, and `exp_neg` (fastexp.py) vectorizes. The forward also
+writes lse_i = m_i + log(l_i), one number per row: all the backward needs to rebuild the softmax.
 
-The backward needs P = exp(S * scale - lse) again, tile by tile. Storing P would bring back the
-Tq x Tk memory; recomputing it costs one more small matmul per tile, and the CPU (like a GPU) has far
-more arithmetic to spare than memory traffic. With D_i = rowsum(dO_i * O_i) (= sum_j P_ij dP_ij):
+The backward recomputes each tile of P = exp(s * scale - lse) instead of storing P (which would
+bring back the Tq x Tk memory). With D_i = rowsum(dO_i * O_i) (which equals sum_j P_ij dP_ij):
 
-    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - D),   dQ = dS K * scale,   dK = dS^T Q * scale
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - D),   dQ = dS K * scale,   dK = dS^T Q * scale.
 
-dK and dV sum over queries, dQ over keys: `dkdv_tile` takes a tile of keys and `dq_tile` a tile of
-queries, so no two tasks write the same rows and no locks are needed (at the price of computing P
-twice; FlashAttention-2 on a GPU uses atomic adds for dQ instead).
+dK and dV of a key tile sum over the query tiles, dQ of a query tile over the key tiles. A task owns
+a group of key tiles of one head: it keeps their dK and dV in small buffers while it walks the
+query tiles that see them, and adds its share of dQ into its own copy of the head's dQ (one copy per
+group, summed at the end: no two tasks ever write the same number, so no locks). With as many heads
+as cores there is one group per head and one copy.
 
-Each `*_kernel` is only a `prange` over (head, tile) tasks, handing each task's views to a serial
-`*_tile` function: the tile functions read like the algorithm, and Numba compiles them faster.
-The exponentials use `exp_neg` (fastexp.py), which LLVM can vectorize: every exponent here is <= 0.
+Causal masking keeps key j for query i when j <= i + (Tk - Tq): the queries are the last Tq of the Tk
+positions, as with a KV cache (Tq == Tk is the usual mask). Tiles entirely above the diagonal are
+never visited, which halves the work; on the diagonal, each row stops at its last visible key.
 
-Causal masking keeps key j for query i when j <= i + (Tk - Tq): the queries are the last Tq of
-the Tk positions, as with a KV cache (Tq == Tk is the usual mask). Tiles entirely above the
-diagonal are skipped, which halves the work.
-
-The two tile products (scores = Q K^T, acc += P V, and the backward's four) go to BLAS through
-np.dot: small matrices that fit in cache, like the tensor-core tiles of a GPU. The work that is ours
-is the online softmax between them. OpenBLAS runs a product of M*N*K <= 2^18 on the calling thread,
-so the tile sizes keep it there, and BLAS's threads never compete with prange's.
+The products go through `tiles.matmul_bt` (out = a @ b.T, all rows contiguous). The ones that need
+a transposed operand read it from a copy made once per call (V^T, K^T, Q^T, dO^T: tile by tile, so
+each tile is one contiguous block), O(T d) memory like everything else here. The tasks run in a
+zigzag order of tiles (0, n-1, 1, n-2, ...): causal tiles far down the diagonal hold more work, and
+each core gets a contiguous half of the tasks.
 """
 
 import numba
@@ -45,126 +42,153 @@ import numpy as np
 from numba import prange
 
 from course_lib.fused.fastexp import exp_neg
+from course_lib.fused.tiles import FASTMATH, matmul_bt, transpose
 
 BQ = 64   # query rows per tile
-FASTMATH = {"reassoc", "contract", "nsz", "arcp"}   # may reorder sums (SIMD); keeps inf and NaN handling
+BK = 64   # keys per tile
 
 
-def key_tile(d):
-    """Keys per tile: 64 for d <= 64, fewer for bigger heads, so that BQ * BK * d stays <= 2^18."""
-    return max(8, min(64, 2**18 // (BQ * d)))
+@numba.njit(inline="always")
+def zigzag(t, n):
+    """The t-th tile to run of n: 0, n-1, 1, n-2, ... so that any contiguous half holds half the work."""
+    return t // 2 if t % 2 == 0 else n - 1 - t // 2
+
+
+@numba.njit(parallel=True, cache=True)
+def tiles_transposed(x, B):
+    """x (H, T, c) -> (H, ceil(T / B), c, B): each tile of B rows transposed, zero past the end."""
+    H, T, c = x.shape
+    n = (T + B - 1) // B
+    out = np.zeros((H, n, c, B), x.dtype)
+    for task in prange(H * n):
+        h, t = task // n, task % n
+        transpose(x[h, t * B:], out[h, t], min(B, T - t * B), c)
+    return out
 
 
 @numba.njit(fastmath=FASTMATH, cache=True)
-def forward_tile(q, k, v, out, lse, i0, offset, scale, causal, BK):
-    """One tile of queries of one head: q (nq, d) holds query rows i0.., k (Tk, d) and v (Tk, dv) the
-    head's keys and values. Writes out (nq, dv) and lse (nq). offset = Tk - Tq, for the causal mask."""
-    nq, Tk = q.shape[0], k.shape[0]
+def forward_tile(q, k, vt, out, lse, i0, nq, offset, scale, causal, BK):
+    """One tile of queries of one head: rows i0 .. i0 + nq of q (Tq, d) against k (Tk, d) and the
+    transposed value tiles vt (n, dv, BK). Writes those rows of out (Tq, dv) and lse (Tq)."""
+    Tk, d, dv = k.shape[0], q.shape[1], vt.shape[1]
+    qs = np.empty((nq, d), q.dtype)                        # the tile's queries, times scale
+    s = np.empty((nq, BK), q.dtype)                        # scores, then probabilities, of one key tile
+    acc = np.zeros((nq, dv), q.dtype)                      # running sum of exp(s - m) v
     m = np.full(nq, -np.inf, q.dtype)                      # running max of each row
     denom = np.zeros(nq, q.dtype)                          # running sum of exp(s - m)
-    acc = np.zeros((nq, v.shape[1]), q.dtype)              # running sum of exp(s - m) v
+    for i in range(nq):
+        for c in range(d):
+            qs[i, c] = q[i0 + i, c] * scale
     k_end = min(Tk, i0 + nq + offset) if causal else Tk    # causal: later keys are hidden from every row
     for j0 in range(0, k_end, BK):
         nk = min(BK, k_end - j0)
-        s = np.dot(q, k[j0:j0 + nk].T)                     # (nq, nk) raw scores
+        matmul_bt(qs, k[j0:], s, nq, nk, d, False)         # (nq, nk) scaled scores
         for i in range(nq):
             n = min(nk, i0 + i + offset + 1 - j0) if causal else nk   # the keys row i may see
             m_new = m[i]
             for j in range(n):
-                s[i, j] *= scale
                 m_new = max(m_new, s[i, j])
-            alpha = exp_neg(m[i] - m_new)                  # re-bases the old sums on the new max
-            total = denom[i] * alpha
+            alpha = exp_neg(m[i] - m_new)                  # moves the old sums to the new max
+            total = q.dtype.type(0)
             for j in range(n):
-                s[i, j] = exp_neg(s[i, j] - m_new)         # s becomes this tile of P, times denom
+                s[i, j] = exp_neg(s[i, j] - m_new)
                 total += s[i, j]
-            s[i, max(n, 0):] = 0.0                         # masked keys add nothing to acc
-            acc[i] *= alpha
-            m[i], denom[i] = m_new, total
-        acc += np.dot(s, v[j0:j0 + nk])
+            for j in range(max(n, 0), nk):
+                s[i, j] = 0                                # hidden keys add nothing to acc
+            m[i], denom[i] = m_new, denom[i] * alpha + total
+            for c in range(dv):
+                acc[i, c] *= alpha
+        matmul_bt(s, vt[j0 // BK], acc, nq, dv, nk, True)  # acc += P V, with V^T's rows contiguous
     for i in range(nq):
-        out[i] = acc[i] / denom[i]
-        lse[i] = m[i] + np.log(denom[i])
+        for c in range(dv):
+            out[i0 + i, c] = acc[i, c] / denom[i]
+        lse[i0 + i] = m[i] + np.log(denom[i])
 
 
 @numba.njit(parallel=True, cache=True)
-def forward_kernel(q, k, v, out, lse, scale, causal, BK):
-    """out = softmax(q k^T * scale) v, and lse, for q (BH, Tq, d): one (head, query tile) per task."""
+def forward_kernel(q, k, v, out, lse, scale, causal, BQ, BK):
+    """out = softmax(q k^T * scale) v and lse, written in place; one task per (head, query tile).
+    q (BH, Tq, d), k (BH, Tk, d), v (BH, Tk, dv), out (BH, Tq, dv), lse (BH, Tq), all C-contiguous."""
     BH, Tq, _ = q.shape
-    n_tiles = (Tq + BQ - 1) // BQ
-    for task in prange(BH * n_tiles):
-        h, i0 = task // n_tiles, (task % n_tiles) * BQ
-        rows = slice(i0, i0 + BQ)
-        forward_tile(q[h, rows], k[h], v[h], out[h, rows], lse[h, rows], i0, k.shape[1] - Tq, scale, causal, BK)
+    vt = tiles_transposed(v, BK)
+    n = (Tq + BQ - 1) // BQ
+    for task in prange(BH * n):
+        h, i0 = task // n, zigzag(task % n, n) * BQ
+        forward_tile(q[h], k[h], vt[h], out[h], lse[h], i0, min(BQ, Tq - i0), k.shape[1] - Tq, scale, causal, BK)
 
 
 @numba.njit(fastmath=FASTMATH, cache=True)
-def probabilities(q, k, lse, i0, j0, offset, scale, causal):
-    """The tile P[i0:, j0:] = exp(q k^T * scale - lse), recomputed; 0 where the mask hides a key."""
-    p = np.dot(q, k.T)
-    for i in range(p.shape[0]):
-        n = min(p.shape[1], i0 + i + offset + 1 - j0) if causal else p.shape[1]
-        for j in range(n):
-            p[i, j] = exp_neg(p[i, j] * scale - lse[i])
-        p[i, max(n, 0):] = 0.0
-    return p
-
-
-@numba.njit(fastmath=FASTMATH, cache=True)
-def score_grads(p, do, v, delta):
-    """dS = P * (dP - D) for one tile, with dP = dO V^T: the gradient of the scores (before scale)."""
-    ds = np.dot(do, v.T)
-    for i in range(ds.shape[0]):
-        for j in range(ds.shape[1]):
-            ds[i, j] = p[i, j] * (ds[i, j] - delta[i])
-    return ds
-
-
-@numba.njit(fastmath=FASTMATH, cache=True)
-def dkdv_tile(q, k, v, do, lse, delta, dk, dv, j0, offset, scale, causal):
-    """dK and dV for one tile of keys (k, v: rows j0..) of one head, over the query tiles that see them."""
-    dk_acc, dv_acc = np.zeros(k.shape, q.dtype), np.zeros(v.shape, q.dtype)
+def backward_key_tile(q, k, v, do, lse, delta, qt, dot, kt, dq, dk, dv, j0, offset, scale, causal, BQ):
+    """dK and dV of one key tile (rows j0 .. j0 + nk of k and v) of one head, and its share of dQ, added
+    into dq (Tq, d). qt, dot: Q^T and dO^T by query tile (n, d, BQ); kt: this key tile's K^T (d, BK)."""
+    Tq, d = q.shape
+    dvs = v.shape[1]
+    nk = min(kt.shape[1], k.shape[0] - j0)
+    p, ds = np.empty((BQ, nk), q.dtype), np.empty((BQ, nk), q.dtype)      # P and dS of one tile
+    pt, dst = np.empty((nk, BQ), q.dtype), np.empty((nk, BQ), q.dtype)    # and their transposes
+    dk_acc, dv_acc = np.zeros((nk, d), q.dtype), np.zeros((nk, dvs), q.dtype)
     first = max(0, j0 - offset) // BQ * BQ if causal else 0    # earlier queries see none of these keys
-    for i0 in range(first, q.shape[0], BQ):
-        q_t, do_t = q[i0:i0 + BQ], do[i0:i0 + BQ]
-        p = probabilities(q_t, k, lse[i0:i0 + BQ], i0, j0, offset, scale, causal)
-        dv_acc += np.dot(p.T, do_t)
-        ds = score_grads(p, do_t, v, delta[i0:i0 + BQ])
-        dk_acc += np.dot(ds.T, q_t)
-    dk[:] = dk_acc * scale
-    dv[:] = dv_acc
+    for i0 in range(first, Tq, BQ):
+        nq = min(BQ, Tq - i0)
+        matmul_bt(q[i0:], k[j0:], p, nq, nk, d, False)           # S, unscaled
+        matmul_bt(do[i0:], v[j0:], ds, nq, nk, dvs, False)       # dP = dO V^T
+        for i in range(nq):
+            n = max(0, min(nk, i0 + i + offset + 1 - j0)) if causal else nk   # the keys row i sees
+            for j in range(n):
+                p[i, j] = exp_neg(p[i, j] * scale - lse[i0 + i])   # P recomputed from the saved lse
+                ds[i, j] = p[i, j] * (ds[i, j] - delta[i0 + i])     # dS = P * (dP - D)
+            for j in range(n, nk):
+                p[i, j] = ds[i, j] = 0
+        transpose(p, pt, nq, nk)
+        transpose(ds, dst, nq, nk)
+        t = i0 // BQ
+        matmul_bt(pt, dot[t], dv_acc, nk, dvs, nq, True)         # dV += P^T dO
+        matmul_bt(dst, qt[t], dk_acc, nk, d, nq, True)           # dK += dS^T Q
+        matmul_bt(ds, kt, dq[i0:], nq, d, nk, True)              # dQ += dS K
+    for j in range(nk):
+        for c in range(d):
+            dk[j0 + j, c] = dk_acc[j, c] * scale
+        for c in range(dvs):
+            dv[j0 + j, c] = dv_acc[j, c]
 
 
-@numba.njit(fastmath=FASTMATH, cache=True)
-def dq_tile(q, k, v, do, lse, delta, dq, i0, offset, scale, causal, BK):
-    """dQ for one tile of queries (q, do, lse, delta: rows i0..) of one head, over the key tiles they see."""
-    dq_acc = np.zeros(q.shape, q.dtype)
-    k_end = min(k.shape[0], i0 + q.shape[0] + offset) if causal else k.shape[0]
-    for j0 in range(0, k_end, BK):
-        k_t = k[j0:j0 + BK]
-        p = probabilities(q, k_t, lse, i0, j0, offset, scale, causal)
-        ds = score_grads(p, do, v[j0:j0 + BK], delta)
-        dq_acc += np.dot(ds, k_t)
-    dq[:] = dq_acc * scale
+def backward_kernel(q, k, v, o, do, lse, dq, dk, dv, scale, causal, BQ, BK):
+    """dq, dk, dv of attention, written in place, from the inputs, the output o, its gradient do and
+    the forward's lse. Shapes as in forward_kernel; dq, dk, dv like q, k, v. Splits each head's key
+    tiles into enough groups to give every core a task."""
+    groups = max(1, -(-numba.get_num_threads() // q.shape[0]))
+    backward_groups(q, k, v, o, do, lse, dq, dk, dv, scale, causal, BQ, BK, groups)
 
 
 @numba.njit(parallel=True, cache=True)
-def backward_kernel(q, k, v, do, lse, delta, dq, dk, dv, scale, causal, BK):
-    """dQ, dK, dV: first one (head, key tile) per task for dK and dV, then one (head, query tile) for dQ."""
-    BH, Tq, _ = q.shape
+def backward_groups(q, k, v, o, do, lse, dq, dk, dv, scale, causal, BQ, BK, groups):
+    """backward_kernel's work: one task per (head, group of key tiles)."""
+    BH, Tq, d = q.shape
     Tk = k.shape[1]
-    n_tiles = (Tk + BK - 1) // BK
-    for task in prange(BH * n_tiles):
-        h, j0 = task // n_tiles, (task % n_tiles) * BK
-        keys = slice(j0, j0 + BK)
-        dkdv_tile(q[h], k[h, keys], v[h, keys], do[h], lse[h], delta[h], dk[h, keys], dv[h, keys],
-                  j0, Tk - Tq, scale, causal)
-    n_tiles = (Tq + BQ - 1) // BQ
-    for task in prange(BH * n_tiles):
-        h, i0 = task // n_tiles, (task % n_tiles) * BQ
-        rows = slice(i0, i0 + BQ)
-        dq_tile(q[h, rows], k[h], v[h], do[h, rows], lse[h, rows], delta[h, rows], dq[h, rows],
-                i0, Tk - Tq, scale, causal, BK)
+    delta = np.empty((BH, Tq), q.dtype)                # D_i = rowsum(dO_i * O_i)
+    for r in prange(BH * Tq):
+        h, i = r // Tq, r % Tq
+        total = q.dtype.type(0)
+        for c in range(o.shape[2]):
+            total += do[h, i, c] * o[h, i, c]
+        delta[h, i] = total
+    qt, dot, kt = tiles_transposed(q, BQ), tiles_transposed(do, BQ), tiles_transposed(k, BK)
+    n = (Tk + BK - 1) // BK
+    groups = min(n, groups)
+    dq_parts = np.zeros((groups, BH, Tq, d), q.dtype)
+    for task in prange(BH * groups):
+        h, g = task // groups, task % groups
+        for t in range(g, n, groups):
+            j0 = zigzag(t, n) * BK
+            backward_key_tile(q[h], k[h], v[h], do[h], lse[h], delta[h], qt[h], dot[h], kt[h, j0 // BK],
+                              dq_parts[g, h], dk[h], dv[h], j0, Tk - Tq, scale, causal, BQ)
+    for r in prange(BH * Tq):
+        h, i = r // Tq, r % Tq
+        for c in range(d):
+            total = q.dtype.type(0)
+            for g in range(groups):
+                total += dq_parts[g, h, i, c]
+            dq[h, i, c] = total * scale
 
 
 def _check(q, k, v, causal):
@@ -179,14 +203,14 @@ def forward(q, k, v, causal=False, scale=None):
     scale = q.dtype.type(q.shape[2] ** -0.5 if scale is None else scale)   # float32 work stays float32
     out = np.empty(q.shape[:2] + v.shape[2:], q.dtype)
     lse = np.empty(q.shape[:2], q.dtype)
-    forward_kernel(q, k, v, out, lse, scale, causal, key_tile(max(q.shape[2], v.shape[2])))
+    forward_kernel(q, k, v, out, lse, scale, causal, BQ, BK)
     return out, lse
 
 
-def backward(q, k, v, do, lse, delta, causal=False, scale=None):
-    """(dq, dk, dv) from the inputs, the forward's lse, dO and delta = rowsum(dO * O) (BH, Tq)."""
+def backward(q, k, v, o, do, lse, causal=False, scale=None):
+    """(dq, dk, dv) from the inputs, the forward's output o and lse, and do, the gradient of o."""
     _check(q, k, v, causal)
     scale = q.dtype.type(q.shape[2] ** -0.5 if scale is None else scale)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
-    backward_kernel(q, k, v, do, lse, delta, dq, dk, dv, scale, causal, key_tile(max(q.shape[2], v.shape[2])))
+    backward_kernel(q, k, v, o, do, lse, dq, dk, dv, scale, causal, BQ, BK)
     return dq, dk, dv

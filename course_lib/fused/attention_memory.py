@@ -1,89 +1,80 @@
-"""How much memory attention needs beyond its inputs: O(T d) for the tiled kernel, O(T^2) for naive attention.
+"""How much memory attention allocates while it runs: O(T d) for the tiled kernel, O(T^2) for naive attention.
 
-    curve = memory_curve([512, 1024, 2048, 4096])      # {"fused": [bytes, ...], "naive": [...], "sdpa": [...]}
+    peak_bytes(fn)                               the most bytes fn() held at once, beyond what it returned
+    memory_curve([256, 512, 1024])               {"fused": [bytes at each T], "naive": [...]}
+    growth(Ts, bytes)                            the exponent p in bytes ~ T^p, fitted over the sizes
 
-The measurement is the process's peak resident memory (Linux only). The kernel keeps the peak in
-/proc/self/status (VmHWM), and writing 5 to /proc/self/clear_refs resets it to the current size:
+The measurement is `tracemalloc`, Python's allocation tracer, which works the same on Linux, macOS
+and Windows. It sees every array numpy allocates and every array a Numba kernel allocates (both go
+through Python's memory hooks), on any thread; it does not see PyTorch's own allocator. So both
+contestants here work on numpy arrays: the course's Numba kernel (attention_cpu.forward_kernel, its
+outputs allocated before the measurement starts) and naive attention written with numpy, which
+builds the (H, T, T) scores and their softmax as chapter 04's attention does.
 
-    reset the peak;  before = VmRSS;  run the call;  extra = VmHWM - before
-
-That counts every page the call touched, whoever allocated it: torch's tensors, the arrays the Numba
-kernel makes in its tasks, BLAS's buffers. (tracemalloc would see only Python's and numpy's own
-allocations, the torch profiler only torch's.) Two details keep the number honest:
-
-- glibc keeps freed blocks of up to 32 MB for reuse once big blocks have come and go, so a second run
-  would reuse memory that is already resident and look free. MALLOC_MMAP_THRESHOLD_=65536 makes it
-  map every block over 64 KB on its own and unmap it when freed;
-- each method runs in a fresh subprocess, and runs once at a small T first (Numba compiles, torch
-  warms up); the inputs are made before the reset. So only the call's own working memory counts.
+The first call of a kernel compiles it, and compiling allocates tens of MB: `peak_bytes` runs fn
+once before it starts tracing. A curve, not a single figure, says which is which: a fixed overhead
+(Numba's task scheduling, a few tile buffers) cannot change how the figure grows with T.
 """
 
-import json
-import os
-import subprocess
-import sys
+import tracemalloc
 
-import torch
-import torch.nn.functional as F
+import numpy as np
 
-from course_lib.fused.attention_op import attention, naive_attention
-
-METHODS = {
-    "fused": lambda q, k, v, causal: attention(q, k, v, causal),
-    "naive": lambda q, k, v, causal: naive_attention(q, k, v, causal),
-    "sdpa": lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-}
+from course_lib.fused import attention_cpu
 
 
-def _status_bytes(field):
-    with open("/proc/self/status") as f:
-        line = next(line for line in f if line.startswith(field + ":"))
-    return int(line.split()[1]) * 1024          # the file says kB
+def peak_bytes(fn, warm_up=True):
+    """The peak of the bytes allocated by numpy and Numba while fn() runs, above what was held before."""
+    if warm_up:
+        fn()                                     # compile, and let every cache fill, outside the measurement
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        fn()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
 
 
-def peak_extra_bytes(fn):
-    """Resident memory that fn() adds at its peak, above what the process held when it began."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")                            # peak := current
-    before = _status_bytes("VmRSS")
-    fn()
-    return _status_bytes("VmHWM") - before
+def naive_attention(q, k, v, causal):
+    """softmax(q k^T / sqrt(d)) v on numpy arrays (H, T, d), with the (H, Tq, Tk) scores in memory."""
+    s = q @ k.transpose(0, 2, 1) * q.shape[2] ** -0.5
+    if causal:
+        Tq, Tk = s.shape[1:]
+        s[:, np.triu(np.ones((Tq, Tk), bool), Tk - Tq + 1)] = -np.inf
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return s / s.sum(-1, keepdims=True) @ v
 
 
-def measure(method, Ts, B=1, H=4, d=64, causal=True, grad=False):
-    """Extra bytes of `method` (a METHODS key) for each T, forward only or forward and backward (grad),
-    in this process: run it through `memory_curve` for numbers unaffected by earlier runs."""
-    fn = METHODS[method]
-
-    def one_call(T):
-        g = torch.Generator().manual_seed(T)
-        q, k, v = (torch.randn(B, H, T, d, generator=g, requires_grad=grad) for _ in range(3))
-        if not grad:
-            with torch.no_grad():
-                return lambda: fn(q, k, v, causal)
-        dout = torch.randn(B, H, T, d, generator=g)
-        return lambda: fn(q, k, v, causal).backward(dout)
-
-    one_call(37)()                                # compile and warm up, outside the measurement
-    results = []
-    for T in Ts:
-        call = one_call(T)
-        with torch.set_grad_enabled(grad):
-            results.append(peak_extra_bytes(call))
-    return results
+def _inputs(T, H, d, dtype, seed):
+    g = np.random.default_rng(seed)
+    return tuple(g.standard_normal((H, T, d)).astype(dtype) for _ in range(3))
 
 
-def memory_curve(Ts=(512, 1024, 2048, 4096), methods=("fused", "naive", "sdpa"), B=1, H=4, d=64, causal=True, grad=False):
-    """{method: [extra bytes at each T]}, each method measured in a fresh subprocess (see the docstring)."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    curve = {}
-    for method in methods:
-        args = json.dumps(dict(method=method, Ts=list(Ts), B=B, H=H, d=d, causal=causal, grad=grad))
-        run = subprocess.run([sys.executable, "-m", "course_lib.fused.attention_memory", args],
-                             env=env, capture_output=True, text=True, check=True)
-        curve[method] = json.loads(run.stdout.strip().splitlines()[-1])
-    return curve
+def measure(method, T, H=4, d=64, causal=True, dtype=np.float32):
+    """Peak extra bytes of one forward of `method` ("fused" or "naive") at sequence length T."""
+    q, k, v = _inputs(T, H, d, dtype, seed=T)
+    if method == "fused":
+        out, lse = np.empty_like(q), np.empty(q.shape[:2], dtype)
+        scale = q.dtype.type(d ** -0.5)
+        return peak_bytes(lambda: attention_cpu.forward_kernel(q, k, v, out, lse, scale, causal,
+                                                               attention_cpu.BQ, attention_cpu.BK))
+    return peak_bytes(lambda: naive_attention(q, k, v, causal))
 
 
-if __name__ == "__main__":
-    print(json.dumps(measure(**json.loads(sys.argv[1]))))
+def memory_curve(Ts=(256, 512, 1024), methods=("fused", "naive"), H=4, d=64, causal=True):
+    """{method: [peak extra bytes at each T]} for one forward, float32."""
+    return {method: [measure(method, T, H, d, causal) for T in Ts] for method in methods}
+
+
+def growth(Ts, sizes):
+    """The exponent p of the least-squares fit sizes ~ c T^p, in log-log coordinates."""
+    x, y = np.log(np.asarray(Ts, float)), np.log(np.maximum(np.asarray(sizes, float), 1.0))
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def matrix_bytes(T, H=4, itemsize=4):
+    """The bytes of one (H, T, T) matrix: what naive attention allocates several of."""
+    return H * T * T * itemsize
+

@@ -1,87 +1,99 @@
-"""Tiled attention as a PyTorch op: `attention(q, k, v, causal)` for q, k, v of shape (B, H, T, d).
+"""Attention as a PyTorch op: `attention(q, k, v, causal)` for q, k, v of shape (B, H, T, d).
 
-Two ops registered with torch.library.custom_op (chapter 08 explains the machinery):
+`register(name, forward_kernel, backward_kernel)` wraps a pair of kernels with the signatures of
+attention_cpu.py's in two ops, made with torch.library.custom_op (chapter 08 explains the machinery):
 
-- `course::attention` returns (out, lse): the Numba kernel on CPU tensors (attention_cpu.py), the
-  Numba CUDA kernel on CUDA tensors (attention_cuda.py). lse (B, H, Tq) is what the backward needs.
-- `course::attention_backward` returns (dq, dk, dv) from q, k, v, lse, dO and delta.
+    name(q, k, v, causal, scale) -> (out, lse)                              the forward kernel
+    name_backward(q, k, v, out, dout, lse, causal, scale) -> (dq, dk, dv)   the backward kernel
 
-The autograd formula computes delta_i = rowsum(dO_i * O_i) with ordinary torch ops. lse is an output
-too, and has a gradient of its own when someone uses it: d lse_i / d s_ij = P_ij, which adds
-g_i * P_ij to dS_ij = P_ij (dP_ij - delta_i); that is the same formula with delta_i - g_i. So the
-backward kernels serve both outputs unchanged.
+and gives the first a fake (the shapes of its outputs, for tracing) and an autograd formula that
+calls the second. The course's op, `course::attention`, is that function applied to the course's
+kernels, plus the Numba CUDA kernels (attention_cuda.py) for CUDA tensors.
 
-`naive_attention` is the textbook version that materializes the (B, H, Tq, Tk) scores: the
-reference the fused op is measured against.
+- The kernels take (B*H, T, d) numpy arrays and write their outputs in place. A tensor arriving here
+  may be a view with any strides (the GPT hands over q.transpose(1, 2)): `_heads` makes it contiguous
+  before viewing it as numpy, and every output is allocated contiguous, so the kernel's writes land
+  in the tensor that is returned.
+- The backward is an op of its own, not Python code inside the autograd formula, because
+  torch.compile and `opcheck` trace the backward with fake tensors, which have no numbers to hand
+  to a Numba kernel.
+- lse is an output so that the backward can have it: saved for the backward, O(T) per head, where P
+  would be O(T^2). It is marked non-differentiable (its gradient would add g_i P_ij to every dS_ij,
+  an input the backward kernel does not take).
+
+`naive_attention` is the textbook version that materializes the (B, H, Tq, Tk) scores.
 """
 
 import torch
 
-from course_lib.custom_ops.functions import as_numpy
 from course_lib.fused import attention_cpu
 
-
-def _flat(t):
-    """(B, H, T, d) tensor -> contiguous (B*H, T, d) numpy view."""
-    return as_numpy(t).reshape(-1, *t.shape[2:])
+Tensor = torch.Tensor
 
 
-@torch.library.custom_op("course::attention", mutates_args=(), device_types="cpu")
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (B, H, Tq, dv), lse (B, H, Tq)) with the tiled online-softmax kernel."""
-    out, lse = attention_cpu.forward(_flat(q), _flat(k), _flat(v), causal, scale)
-    B, H, Tq = q.shape[:3]
-    return torch.from_numpy(out).view(B, H, Tq, -1), torch.from_numpy(lse).view(B, H, Tq)
+def _heads(t):
+    """(B, H, T, ...) tensor -> contiguous (B*H, T, ...) numpy view (a copy only if t was not contiguous)."""
+    return t.detach().contiguous().reshape(-1, *t.shape[2:]).numpy()
 
 
-@attention_forward.register_kernel("cuda")
+def register(name, forward_kernel, backward_kernel, BQ=attention_cpu.BQ, BK=attention_cpu.BK):
+    """The op `name` ("namespace::name") around the kernels, with a fake, and `name_backward` for autograd."""
+
+    @torch.library.custom_op(name, mutates_args=())
+    def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+        out = q.new_empty(*q.shape[:3], v.shape[-1])
+        lse = q.new_empty(q.shape[:3])
+        qn = _heads(q)
+        forward_kernel(qn, _heads(k), _heads(v), _heads(out), _heads(lse), qn.dtype.type(scale), causal, BQ, BK)
+        return out, lse
+
+    @attention.register_fake
+    def _(q, k, v, causal, scale):
+        return q.new_empty(*q.shape[:3], v.shape[-1]), q.new_empty(q.shape[:3])
+
+    @torch.library.custom_op(name + "_backward", mutates_args=())
+    def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor, causal: bool,
+                           scale: float) -> tuple[Tensor, Tensor, Tensor]:
+        dq, dk, dv = (t.new_empty(t.shape) for t in (q, k, v))     # contiguous, whatever q, k, v are
+        qn = _heads(q)
+        backward_kernel(qn, _heads(k), _heads(v), _heads(out), _heads(dout), _heads(lse),
+                        _heads(dq), _heads(dk), _heads(dv), qn.dtype.type(scale), causal, BQ, BK)
+        return dq, dk, dv
+
+    @attention_backward.register_fake
+    def _(q, k, v, out, dout, lse, causal, scale):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, causal, scale = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse)       # O(T d) per head: no T x T matrix is kept
+        ctx.mark_non_differentiable(lse)
+        ctx.causal, ctx.scale = causal, scale
+
+    def backward(ctx, dout, _):
+        q, k, v, out, lse = ctx.saved_tensors
+        return *attention_backward(q, k, v, out, dout, lse, ctx.causal, ctx.scale), None, None
+
+    attention.register_autograd(backward, setup_context=setup_context)
+    return attention
+
+
+attention_forward = register("course::attention", attention_cpu.forward_kernel, attention_cpu.backward_kernel)
+
+
+@torch.library.register_kernel("course::attention", "cuda")
 def _(q, k, v, causal, scale):
     from course_lib.fused import attention_cuda  # numba.cuda is loaded only when a CUDA tensor comes
 
     return attention_cuda.forward(q, k, v, causal, scale)
 
 
-@attention_forward.register_fake
-def _(q, k, v, causal, scale):
-    return q.new_empty(*q.shape[:3], v.shape[-1]), q.new_empty(q.shape[:3])
-
-
-@torch.library.custom_op("course::attention_backward", mutates_args=(), device_types="cpu")
-def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
-                       delta: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), recomputing the probabilities tile by tile from lse."""
-    grads = attention_cpu.backward(_flat(q), _flat(k), _flat(v), _flat(do), _flat(lse), _flat(delta), causal, scale)
-    return tuple(torch.from_numpy(g).view(t.shape) for g, t in zip(grads, (q, k, v)))
-
-
-@attention_backward.register_kernel("cuda")
-def _(do, q, k, v, lse, delta, causal, scale):
+@torch.library.register_kernel("course::attention_backward", "cuda")
+def _(q, k, v, out, dout, lse, causal, scale):
     from course_lib.fused import attention_cuda
 
-    return attention_cuda.backward(q, k, v, do, lse, delta, causal, scale)
-
-
-@attention_backward.register_fake
-def _(do, q, k, v, lse, delta, causal, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)       # O(T d) per head: no T x T matrix is kept
-    ctx.causal, ctx.scale = causal, scale
-
-
-def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    delta = (dout * out).sum(-1) - dlse            # rowsum(dO * O), minus lse's own gradient (docstring)
-    dq, dk, dv = attention_backward(dout.contiguous(), q, k, v, lse, delta.contiguous(), ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
-
-
-attention_forward.register_autograd(_backward, setup_context=_setup_context)
+    return attention_cuda.backward(q, k, v, dout, lse, (dout * out).sum(-1), causal, scale)
 
 
 def attention(q, k, v, causal=False, scale=None):

@@ -6,8 +6,13 @@ except that our linear layers store (out, in) where GPT-2's Conv1D stores (in, o
 
     model = GPT(GPTConfig(vocab_size=96, block_size=64, n_layer=4, n_head=4, n_embd=128))
     logits, loss = model(idx, targets)        # idx, targets: (B, T) token ids
+
+GPTConfig(bias=False, gelu="none") is nanoGPT's variant of the same model (no biases in the linear
+layers and LayerNorms, the exact GELU): the benchmarks compare the two on equal terms with it.
 """
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass
 
@@ -24,6 +29,8 @@ class GPTConfig:
     n_head: int = 4
     n_embd: int = 128
     dropout: float = 0.0
+    bias: bool = True          # biases in the linear layers and LayerNorms (GPT-2); False as nanoGPT trains
+    gelu: str = "tanh"         # F.gelu's `approximate`: GPT-2's tanh form; "none" is the exact GELU (nanoGPT)
     sdpa: bool = True          # use F.scaled_dot_product_attention; False runs `causal_attention` below
     fused: bool = False        # chapter 10's tiled attention (course_lib.fused) instead of either; no dropout
 
@@ -43,43 +50,82 @@ def causal_attention(q, k, v, dropout=None):
     return out, weights
 
 
+# ---- the attention kernels: one is chosen per model, when it is built --------------------------
+# Each takes q (B, H, Tq, d), k and v (B, H, Tk, d), the Tq queries being the last Tq of the Tk
+# positions (Tq < Tk with a KV cache), and the dropout probability; it returns (B, H, Tq, d).
+
+def sdpa_attention(q, k, v, dropout_p):
+    """PyTorch's fused kernel. Its is_causal mask assumes Tq == Tk, so a cache needs an explicit mask."""
+    Tq, Tk = q.size(-2), k.size(-2)
+    mask = None if Tq == Tk else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and Tq > 1,
+                                          dropout_p=dropout_p)
+
+
+def written_out_attention(q, k, v, dropout_p):
+    """`causal_attention` above, step by step; the weights it also returns are dropped."""
+    drop = (lambda w: F.dropout(w, dropout_p)) if dropout_p > 0 else None
+    return causal_attention(q, k, v, drop)[0]
+
+
+_kernel = contextvars.ContextVar("attention_kernel", default=None)
+
+
+@contextlib.contextmanager
+def attention_kernel(fn):
+    """Inside this block, models with GPTConfig(fused=True) compute attention as fn(q, k, v) -> y: causal,
+    with the Tq queries lined up with the last Tq of the Tk keys (a KV cache), q (B, H, Tq, d).
+    Outside it they use chapter 10's kernel. The plug-in point for a kernel of your own."""
+    token = _kernel.set(fn)
+    try:
+        yield fn
+    finally:
+        _kernel.reset(token)
+
+
+def fused_attention(q, k, v, dropout_p):
+    """A fused kernel: the one `attention_kernel` installed, else chapter 10's tiled kernel, imported on
+    first use so that numba loads only when asked for. Its mask lines the Tq queries up with the last Tq keys."""
+    if dropout_p > 0:
+        raise NotImplementedError("the fused attention has no dropout")
+    fn = _kernel.get()
+    if fn is None:
+        from course_lib.fused.attention_op import attention
+
+        return attention(q, k, v, causal=True)
+    return fn(q, k, v)
+
+
+def choose_attention(config):
+    """The kernel a model built from `config` uses, for its whole life."""
+    return fused_attention if config.fused else sdpa_attention if config.sdpa else written_out_attention
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
-        self.sdpa = config.sdpa
-        self.fused = config.fused
         self.dropout = config.dropout
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)   # q, k, v for all heads at once
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd)       # mixes the heads' outputs
-        self.attn_dropout = nn.Dropout(config.dropout)
+        self.attend = choose_attention(config)   # chosen once, here, not on every call
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)   # q, k, v of all heads
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)       # mixes the heads
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.last_weights = None   # (B, H, T, T) attention weights, kept when record_weights is True
-        self.record_weights = False
 
-    def forward(self, x, cache=None, layer=0):
+    def heads(self, x, cache=None, layer=0):
+        """q, k, v for x (B, T, C), each (B, H, T, d): views of c_attn's output, no copies. With a
+        cache, k and v also hold the earlier positions (B, H, Tk, d)."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         # (B, T, C) -> (B, H, T, d): each head sees its own d = C / H channels
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.update(layer, k, v)   # prepend the keys and values of earlier positions
-        if self.fused and not self.record_weights:
-            from course_lib.fused.attention_op import attention  # here, so that numba loads only when used
+        return q, k, v
 
-            if self.training and self.dropout > 0:
-                raise NotImplementedError("the fused attention has no dropout")
-            y = attention(q, k, v, causal=True)   # its mask lines the T queries up with the last T keys
-        elif self.sdpa and not self.record_weights:
-            Tk = k.size(-2)
-            mask = None if T == Tk else torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
-                                               dropout_p=self.dropout if self.training else 0.0)
-        else:
-            y, weights = causal_attention(q, k, v, self.attn_dropout)
-            if self.record_weights:
-                self.last_weights = weights.detach()
+    def forward(self, x, cache=None, layer=0):
+        B, T, C = x.shape
+        y = self.attend(*self.heads(x, cache, layer), self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)   # (B, H, T, d) -> (B, T, C): heads side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -87,12 +133,13 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.gelu = config.gelu
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))  # GPT-2's GELU
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu)))
 
 
 class Block(nn.Module):
@@ -100,9 +147,9 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x, cache=None, layer=0):
@@ -138,7 +185,7 @@ class GPT(nn.Module):
             wpe=nn.Embedding(config.block_size, config.n_embd),    # position embeddings
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight   # tied: one matrix reads and writes tokens
@@ -180,16 +227,18 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def attention_maps(self, idx):
-        """The attention weights of every layer for ids (B, T): a list of (B, H, T, T) tensors."""
-        attns = [block.attn for block in self.transformer.h]
-        for a in attns:
-            a.record_weights = True
-        try:
-            self(idx)
-        finally:
-            for a in attns:
-                a.record_weights = False
-        return [a.last_weights for a in attns]
+        """The attention weights of every layer for ids (B, T): a list of (B, H, T, T) tensors.
+
+        The forward pass never keeps them; this walks the blocks itself and asks `causal_attention`
+        for the weights of each layer's q and k."""
+        B, T = idx.shape
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T, device=idx.device))
+        maps = []
+        for block in self.transformer.h:
+            q, k, v = block.attn.heads(block.ln_1(x))
+            maps.append(causal_attention(q, k, v)[1])
+            x = block(x)
+        return maps
 
     # ---- Hugging Face GPT-2 weights ---------------------------------------------------------
 

@@ -35,13 +35,17 @@ def configure_optimizer(model, cfg):
     """AdamW that decays only matrices (weights of linear layers, embeddings).
 
     Biases and LayerNorm gains (ndim < 2) are not decayed: pulling a gain toward 0 only hurts.
+    `fused=True` updates every parameter in one kernel call per step, where the default runs a dozen
+    small ops per parameter tensor: on nanoGPT's CPU configuration the update takes a quarter of the
+    time (`benchmarks/ch04_vs_nanogpt.py`). PyTorch has the fused kernel for CPU and CUDA tensors.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), fused=fused)
 
 
 def lr_at(it, cfg):

@@ -55,10 +55,33 @@ def as_model(model):
     raise TypeError(f"expected a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
 
 
+def free_names(graph):
+    """The values a graph reads but does not define (a subgraph's reads from the graph around it)."""
+    defined = {v.name for v in graph.inputs} | set(graph.initializers) | {""}
+    defined |= {o for n in graph.nodes for o in n.outputs}
+    read = [i for n in graph.nodes for i in n.inputs] + [v.name for v in graph.outputs]
+    return list(dict.fromkeys(i for i in read if i not in defined))
+
+
+def _node(n, opsets):
+    """A NodeProto as a Node. A subgraph attribute (If's branches, Loop's and Scan's body) becomes a
+    Graph, and the values it reads from outside become extra inputs of the node, named in the
+    attribute `_outer`, so that the schedule runs their producers first and keeps them alive."""
+    attrs = {a.name: _attr(a) for a in n.attribute}
+    outer = []
+    for k, v in attrs.items():
+        if isinstance(v, onnx.GraphProto):
+            attrs[k] = graph_from_proto(v, opsets)
+            outer += [x for x in free_names(attrs[k]) if x not in outer]
+    node = Node(n.op_type, list(n.input) + outer, list(n.output), attrs, n.name, n.domain)
+    if outer:
+        node.attrs["_outer"] = outer
+    return node
+
+
 def graph_from_proto(g, opsets):
     inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-    nodes = [Node(n.op_type, list(n.input), list(n.output), {a.name: _attr(a) for a in n.attribute},
-                  n.name, n.domain) for n in g.node]
+    nodes = [_node(n, opsets) for n in g.node]
     inputs = [_value(v) for v in g.input if v.name not in inits]
     return Graph(nodes, inputs, [_value(v) for v in g.output], inits, opsets, g.name or "graph")
 
@@ -78,12 +101,18 @@ def to_onnx(graph):
         shape = None if v.shape is None else [d if isinstance(d, (int, str)) else None for d in v.shape]
         return helper.make_tensor_value_info(v.name, helper.np_dtype_to_tensor_dtype(v.dtype), shape)
 
+    opsets = [helper.make_opsetid(d, v) for d, v in graph.opsets.items()]
+    return helper.make_model(_graph_proto(graph, vi), opset_imports=opsets, ir_version=10)
+
+
+def _graph_proto(graph, vi):
     nodes = []
     for n in graph.nodes:
-        attrs = {k: (numpy_helper.from_array(np.asarray(a)) if isinstance(a, np.ndarray) else a)
-                 for k, a in n.attrs.items()}
-        nodes.append(helper.make_node(n.op_type, n.inputs, n.outputs, name=n.name, domain=n.domain, **attrs))
+        outer = n.attrs.get("_outer", [])
+        attrs = {k: (numpy_helper.from_array(np.asarray(a)) if isinstance(a, np.ndarray) else
+                     _graph_proto(a, vi) if isinstance(a, Graph) else a)
+                 for k, a in n.attrs.items() if k != "_outer"}
+        inputs = n.inputs[:len(n.inputs) - len(outer)]            # the outer values are not ONNX inputs
+        nodes.append(helper.make_node(n.op_type, inputs, n.outputs, name=n.name, domain=n.domain, **attrs))
     inits = [numpy_helper.from_array(np.asarray(a), name) for name, a in graph.initializers.items()]
-    g = helper.make_graph(nodes, graph.name, [vi(v) for v in graph.inputs], [vi(v) for v in graph.outputs], inits)
-    opsets = [helper.make_opsetid(d, v) for d, v in graph.opsets.items()]
-    return helper.make_model(g, opset_imports=opsets, ir_version=10)
+    return helper.make_graph(nodes, graph.name, [vi(v) for v in graph.inputs], [vi(v) for v in graph.outputs], inits)

@@ -23,12 +23,11 @@ class CourseRep(BackendRep):
 
     def run(self, inputs, **kwargs):
         names = [v.name for v in self.session.graph.inputs]
-        if isinstance(inputs, dict):
-            feeds = dict(inputs)
-        else:
-            if len(inputs) != len(names) or not all(isinstance(x, np.ndarray) for x in inputs):
-                raise unittest.SkipTest("inputs that are not plain tensors (sequences, optionals, omitted)")
-            feeds = dict(zip(names, inputs))
+        items = inputs.items() if isinstance(inputs, dict) else zip(names, inputs)
+        # a 0-d tensor often comes as a numpy scalar (np.float32(2.0)): the same value as an array
+        feeds = {name: np.asarray(x) if isinstance(x, np.generic) else x for name, x in items}
+        if len(feeds) != len(names) or not all(isinstance(x, np.ndarray) for x in feeds.values()):
+            raise unittest.SkipTest("inputs that are not plain tensors (sequences, optionals, omitted)")
         try:
             return self.session.run(None, feeds)
         except Unsupported as e:

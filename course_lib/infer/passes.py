@@ -3,7 +3,8 @@
     g = fold_constants(g)          # nodes whose inputs are all constants -> initializers
     g = eliminate_dead_nodes(g)    # nodes no graph output depends on -> gone
     g = fuse_matmul_add(g)         # MatMul then Add of a bias -> one Gemm (2-D) or MatMulAdd
-    g = fuse_conv_relu(g)          # Conv then Relu -> one ConvRelu
+    g = fuse_gemm(g)               # Gemm (+ Relu) -> FusedGemm
+    g = fuse_conv(g)               # Conv (+ bias Add) (+ Relu) (+ MaxPool) -> FusedConv, weights packed once
     g = fold_shapes(g, {"x": (1, 3, 8, 8)})  # Shape of a value with a static shape -> a constant
 
 `fusions` adds two bigger ones: elementwise regions (GELU) and attention's masked softmax.
@@ -115,17 +116,82 @@ def fuse_matmul_add(graph):
     return g
 
 
-def fuse_conv_relu(graph):
-    """Conv read only by Relu -> one ConvRelu node with the Conv's attributes."""
+def fuse_conv(graph):
+    """Conv with constant weights -> FusedConv, its weights packed once, here, for conv.py's product;
+    a following Add of a per-channel constant joins as its bias, a following Relu as its activation,
+    and a MaxPool after those as its pool (the kernel pools first, then applies the Relu).
+
+    The Add joins only when the Conv has no bias of its own and the constant holds one value per
+    output channel, shaped to broadcast over the channel axis: (M, 1, ..., 1) or (1, M, 1, ..., 1)."""
+    from .ops.conv import POOL, bias_column, pack_weights
+
     g = graph.copy()
     removed, replaced = set(), {}
     for conv in g.nodes:
-        relu = _single_reader(g, conv.outputs[0]) if conv.op_type == "Conv" else None
-        if relu is None or relu.op_type != "Relu":
+        if conv.op_type != "Conv" or conv.inputs[1] not in g.initializers:
             continue
-        replaced[id(conv)] = Node("ConvRelu", list(conv.inputs), list(relu.outputs), dict(conv.attrs),
-                                  conv.name + "+Relu", domain="course")
-        removed.add(id(relu))
+        w = g.initializers[conv.inputs[1]]
+        bias = conv.inputs[2] if len(conv.inputs) > 2 else ""
+        if bias and bias not in g.initializers:
+            continue
+        chain = [conv]                                  # the nodes that become one
+        after = _single_reader(g, conv.outputs[0])
+        added = ""                                      # a bias that an Add after the Conv brings
+        if not bias and after is not None and after.op_type == "Add":
+            other = after.inputs[1] if after.inputs[0] == conv.outputs[0] else after.inputs[0]
+            b, spatial = g.initializers.get(other), (1,) * (w.ndim - 2)
+            if b is not None and b.dtype == w.dtype and b.shape in ((w.shape[0],) + spatial, (1, w.shape[0]) + spatial):
+                added = other
+                chain.append(after)
+                after = _single_reader(g, after.outputs[0])
+        activation = "Relu" if after is not None and after.op_type == "Relu" else ""
+        if activation:
+            chain.append(after)
+            after = _single_reader(g, after.outputs[0])
+        pool = {}
+        if after is not None and after.op_type == "MaxPool" and len(after.outputs) == 1 and w.dtype.kind == "f" \
+                and after.attrs.get("storage_order", 0) == 0:
+            pool = {f"pool_{k}": v for k, v in after.attrs.items() if k in POOL}
+            chain.append(after)
+        group = conv.attrs.get("group", 1)
+        own = g.initializers[bias] if bias else None
+        packed = f"{conv.inputs[1]}_packed{group}" + ("_" + bias if own is not None and group == 1 else "")
+        g.initializers[packed] = pack_weights(w, group, own)   # with one group, the Conv's bias is a column of it
+        inputs = [conv.inputs[0], packed]
+        if added or (own is not None and group > 1):    # a bias the product does not add: a column (M, 1)
+            column = (added or bias) + "_column"
+            g.initializers[column] = bias_column(g.initializers[added or bias], w.dtype)
+            inputs.append(column)
+        attrs = {**conv.attrs, "kernel_shape": list(w.shape[2:]), "activation": activation, **pool}
+        replaced[id(conv)] = Node("FusedConv", inputs, list(chain[-1].outputs), attrs,
+                                  "+".join(n.name or n.op_type for n in chain), domain="course")
+        removed.update(id(n) for n in chain[1:])
+    g.nodes = [replaced.get(id(n), n) for n in g.nodes if id(n) not in removed]
+    if replaced:
+        g.opsets["course"] = 1
+        read = {i for n in g.nodes for i in n.inputs} | {v.name for v in g.outputs}
+        g.initializers = {k: v for k, v in g.initializers.items() if k in read}   # the unpacked weights go
+    return g
+
+
+def fuse_gemm(graph):
+    """Gemm with alpha = beta = 1 and no transA -> FusedGemm, which takes a Relu that alone reads it.
+
+    What this saves is the bookkeeping of a general Gemm and, with a Relu, a node and a temporary:
+    FusedGemm adds C and applies the Relu in place on the product's own buffer."""
+    g = graph.copy()
+    removed, replaced = set(), {}
+    for gemm in g.nodes:
+        a = gemm.attrs
+        if gemm.op_type != "Gemm" or a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+            continue
+        relu = _single_reader(g, gemm.outputs[0])
+        relu = relu if relu is not None and relu.op_type == "Relu" else None
+        replaced[id(gemm)] = Node("FusedGemm", list(gemm.inputs), list((relu or gemm).outputs),
+                                  {"transB": a.get("transB", 0), "activation": "Relu" if relu else ""},
+                                  (gemm.name or "Gemm") + ("+Relu" if relu else ""), domain="course")
+        if relu:
+            removed.add(id(relu))
     g.nodes = [replaced.get(id(n), n) for n in g.nodes if id(n) not in removed]
     if replaced:
         g.opsets["course"] = 1
@@ -179,7 +245,8 @@ def optimize(graph, input_shapes=None):
         g = fold_shapes(g, input_shapes)
     g = fold_constants(g)
     g = fuse_matmul_add(g)
-    g = fuse_conv_relu(g)
+    g = fuse_gemm(g)
+    g = fuse_conv(g)
     g = fuse_masked_softmax(g)
     g = fuse_elementwise(g)
     return eliminate_dead_nodes(g)

@@ -1,5 +1,6 @@
 """InferenceSession: load, validate, (optionally) optimize, schedule, then run. onnxruntime's API."""
 
+import inspect
 import time
 from dataclasses import dataclass
 
@@ -9,6 +10,7 @@ from . import ops  # noqa: F401  (fills the registry)
 from .arena import keep_freed_memory
 from .ir import Graph
 from .load import load
+from .memory import assign_buffers
 from .passes import optimize as run_passes
 from .registry import bind
 from .schedule import last_uses, topological_order
@@ -32,6 +34,17 @@ def _node_arg(v):
     return NodeArg(v.name, None if v.shape is None else list(v.shape), t)
 
 
+def _takes_out_buffer(fn):
+    """Whether a kernel declares a keyword-only `out`: a flat buffer from the memory plan, which the
+    kernel reshapes itself. numpy's ufuncs also take `out`, but it must have the result's shape, so
+    they are registered as they are and never get a planned buffer."""
+    try:
+        param = inspect.signature(fn).parameters.get("out")
+    except (TypeError, ValueError):   # a builtin without a signature
+        return False
+    return param is not None and param.kind is inspect.Parameter.KEYWORD_ONLY
+
+
 class InferenceSession:
     """Run an ONNX model with numpy kernels.
 
@@ -40,11 +53,13 @@ class InferenceSession:
 
     optimize=True applies the passes of `course_lib.infer.passes` (input_shapes: static shapes
     for shape folding). free_memory=False keeps every intermediate (the naive memory plan).
+    plan_buffers=True: from the second run with the same input shapes on, the kernels that can write
+    into a buffer they are given get one from `memory.assign_buffers`, allocated once.
     arena=True lets malloc keep freed buffers for the next run (see `arena`; process-wide, as
     onnxruntime's arena is on by default).
     """
 
-    def __init__(self, model, optimize=False, input_shapes=None, free_memory=True, arena=True):
+    def __init__(self, model, optimize=False, input_shapes=None, free_memory=True, arena=True, plan_buffers=True):
         if arena:
             keep_freed_memory()
         graph = model.copy() if isinstance(model, Graph) else load(model)
@@ -61,6 +76,12 @@ class InferenceSession:
             if name not in graph.initializers:
                 self.frees[k].append(name)
         self.steps = [bind(graph, node) for node in self.order]
+        self.output_names = [v.name for v in graph.outputs]
+        self.plan_buffers = plan_buffers and free_memory
+        self.writes_into_out = [len(node.outputs) == 1 and _takes_out_buffer(fn)
+                                for node, (fn, _) in zip(self.order, self.steps)]
+        self.planned = None   # (input signature, steps with their `out` buffers, the buffers)
+        self.wiring = [(tuple(node.inputs), tuple(node.outputs), len(node.outputs) == 1) for node in self.order]
 
     def get_inputs(self):
         return [_node_arg(v) for v in self.graph.inputs]
@@ -74,20 +95,66 @@ class InferenceSession:
         on_node(node, seconds, outputs) is called after each node (the profiler and memory plan use it).
         """
         check_feeds(self.graph, feeds)
-        env = dict(self.graph.initializers)
-        env.update(feeds)
-        for node, (fn, attrs), frees in zip(self.order, self.steps, self.frees):
+        steps = self.steps
+        if self.plan_buffers and on_node is None and any(self.writes_into_out):
+            signature = tuple(feeds[v.name].shape for v in self.graph.inputs)   # dtypes: checked above
+            if self.planned is not None and self.planned[0] == signature:
+                steps = self.planned[1]
+            else:   # this run measures every intermediate, and the next ones use the plan made from it
+                record = {"sizes": {}, "views": []}
+                outputs = self._execute(output_names, feeds, steps, None, record)
+                self.planned = (signature, *self._planned_steps(record["sizes"], record["views"]))
+                return outputs
+        if on_node is None:
+            return self._execute_fast(output_names, feeds, steps)
+        return self._execute(output_names, feeds, steps, on_node)
+
+    def _planned_steps(self, sizes, views):
+        """The steps, with an `out` buffer for each node that can take one (see memory.assign_buffers)."""
+        keep = set(self.output_names)
+        assigned, specs = assign_buffers(self.order, self.writes_into_out, sizes, views, keep)
+        buffers = [np.empty(nbytes // np.dtype(dtype).itemsize, dtype) for nbytes, dtype in specs]
+        steps = [(fn, {**attrs, "out": buffers[assigned[k]]}) if k in assigned else (fn, attrs)
+                 for k, (fn, attrs) in enumerate(self.steps)]
+        return steps, buffers
+
+    def _execute(self, output_names, feeds, steps, on_node, record=None):
+        """The executor: run the nodes in schedule order, each on its inputs from `env`; free each
+        value after its last reader. on_node, when given, sees every node's time and outputs; record,
+        when given, receives each output's (nbytes, dtype) and whether each node returned a view of
+        an input (the memory plan needs both)."""
+        env = {**self.graph.initializers, **feeds}
+        for node, (fn, attrs), frees in zip(self.order, steps, self.frees):
+            t0 = time.perf_counter()
             args = [env[i] if i else None for i in node.inputs]
-            t0 = time.perf_counter() if on_node else 0.0
             out = fn(*args, **attrs)
-            if not isinstance(out, tuple):
+            if type(out) is not tuple:
                 out = (out,)
             for name, value in zip(node.outputs, out):
                 if name:
-                    env[name] = np.asarray(value)
+                    env[name] = value if type(value) is np.ndarray else np.asarray(value)
+            made = [env[n] for n in node.outputs if n]
             if on_node:
-                on_node(node, time.perf_counter() - t0, [env[n] for n in node.outputs if n])
+                on_node(node, time.perf_counter() - t0, made)
+            if record is not None:
+                record["sizes"].update({n: (v.nbytes, v.dtype.str) for n, v in zip([o for o in node.outputs if o], made)})
+                record["views"].append(any(np.may_share_memory(o, a) for o in made for a in args
+                                           if isinstance(a, np.ndarray)))
             for name in frees:
                 env.pop(name, None)
-        names = output_names or [v.name for v in self.graph.outputs]
-        return [env[n] for n in names]
+        return [env[n] for n in output_names or self.output_names]
+
+    def _execute_fast(self, output_names, feeds, steps):
+        """`_execute` without the observer, its loop trimmed: a small model's run is mostly this loop."""
+        env = {**self.graph.initializers, **feeds}
+        for (fn, attrs), (inputs, outputs, single), frees in zip(steps, self.wiring, self.frees):
+            out = fn(*[env[i] if i else None for i in inputs], **attrs)
+            if single and type(out) is np.ndarray:
+                env[outputs[0]] = out
+            else:
+                for name, value in zip(outputs, out if type(out) is tuple else (out,)):
+                    if name:
+                        env[name] = value if type(value) is np.ndarray else np.asarray(value)
+            for name in frees:
+                env.pop(name, None)
+        return [env[n] for n in output_names or self.output_names]

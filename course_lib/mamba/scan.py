@@ -12,6 +12,8 @@ With a_t = exp(Δ_t A) and b_t = Δ_t B_t x_t, h_t = a_t h_{t-1} + b_t. Two step
 into one step of the same form, which makes the recurrence an associative scan (see `combine`).
 """
 
+import contextlib
+import contextvars
 import math
 
 import torch
@@ -130,12 +132,28 @@ def default_chunk(L):
     return max(1, math.isqrt(L))
 
 
-def selective_scan_fused(x, delta, A, B, C, D, return_state=False):
-    """Chapter 10's fused kernel (Numba, one pass, nothing (b, L, D, N) stored). Imported on first use,
-    so that this chapter does not need numba."""
-    from course_lib.fused.scan_op import selective_scan_fused as fused
+_kernel = contextvars.ContextVar("scan_kernel", default=None)
 
-    return fused(x, delta, A, B, C, D, return_state=return_state)
+
+@contextlib.contextmanager
+def scan_kernel(fn):
+    """Inside this block, the "fused" scan (MambaConfig(scan="fused")) is fn, which takes and returns
+    what `selective_scan_sequential` does (without h0). Outside it, chapter 10's kernel. The plug-in
+    point for a kernel of your own."""
+    token = _kernel.set(fn)
+    try:
+        yield fn
+    finally:
+        _kernel.reset(token)
+
+
+def selective_scan_fused(x, delta, A, B, C, D, return_state=False):
+    """A fused kernel: one pass, nothing (b, L, D, N) stored. The one `scan_kernel` installed, else
+    chapter 10's (Numba), imported on first use so that this chapter does not need numba."""
+    fn = _kernel.get()
+    if fn is None:
+        from course_lib.fused.scan_op import selective_scan_fused as fn
+    return fn(x, delta, A, B, C, D, return_state=return_state)
 
 
 SCANS = {"sequential": selective_scan_sequential, "parallel": selective_scan_parallel,

@@ -1,3 +1,3 @@
 """The kernels. Importing this package fills the registry."""
 
-from . import elementwise, fused, linalg, nn, reduce, shape  # noqa: F401
+from . import attention, control, conv, elementwise, fused, image, linalg, losses, nn, reduce, shape  # noqa: F401

@@ -79,11 +79,8 @@ def pow_(a, b):
 
 @register("Mod", since=10)
 def mod(a, b, *, fmod=0):
-    if fmod:
-        return np.fmod(a, b)
-    if np.issubdtype(a.dtype, np.floating):
-        raise Unsupported("Mod with fmod=0 on floats")
-    return np.mod(a, b)
+    """fmod=1: the remainder takes the sign of a (C's fmod); fmod=0: the sign of b (Python's %)."""
+    return np.fmod(a, b) if fmod else np.mod(a, b)
 
 
 def _variadic(fn):

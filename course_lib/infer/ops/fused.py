@@ -1,29 +1,38 @@
-"""Fused kernels that the optimization passes create (domain "course"): one node where there were several."""
+"""Fused kernels that the optimization passes create (domain "course"): one node where there were several.
+
+FusedConv, the convolution with its bias and Relu, is in conv.py beside Conv."""
 
 import functools
+import math
 
 import numpy as np
 
 from ..registry import lookup, register
 from .linalg import softmax_in_place
-from .nn import conv
 
 
 @register("MatMulAdd", since=1, domain="course")
-def matmul_add(a, b, c):
-    """MatMul followed by Add, for inputs of any rank (Gemm takes only 2-D ones)."""
-    y = np.matmul(a, b)
-    y += c  # in place: the product is a fresh buffer
+def matmul_add(a, b, c, *, out=None):
+    """MatMul followed by Add, for inputs of any rank (Gemm takes only 2-D ones). The pass gives it a
+    2-D b; `out` is a flat buffer from the session's memory plan (used when it has the right size)."""
+    shape = a.shape[:-1] + b.shape[-1:]
+    y = np.matmul(a, b, out=out.reshape(shape) if out is not None and out.size == math.prod(shape) else None)
+    y += c  # in place: the product is a buffer of our own
     return y
 
 
-@register("ConvRelu", since=1, domain="course")
-def conv_relu(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
-              strides=None):
-    """Conv, then Relu in place on the convolution's fresh output buffer."""
-    y = conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape, pads=pads,
-             strides=strides)
-    return np.maximum(y, 0, out=y)
+@register("FusedGemm", since=1, domain="course")
+def fused_gemm(a, b, c=None, *, transB=0, activation="", out=None):
+    """a @ b' + c (b' = b transposed when transB is set), then activation="Relu" in place: Gemm with
+    alpha = beta = 1 and its Relu. `out` is a flat buffer from the session's memory plan."""
+    b = b.T if transB else b
+    shape = (a.shape[0], b.shape[1])
+    y = np.matmul(a, b, out=out.reshape(shape) if out is not None and out.size == shape[0] * shape[1] else None)
+    if c is not None:
+        y += c
+    if activation == "Relu":
+        np.maximum(y, 0, out=y)
+    return y
 
 
 BLOCK = 32768  # elements of x per block in Elementwise: a block's temporaries stay in the L2 cache
@@ -35,7 +44,7 @@ def _kernels(ops):
 
 
 @register("Elementwise", since=1, domain="course")
-def elementwise(x, *consts, ops, args):
+def elementwise(x, *consts, ops, args, out=None):
     """Run a region of elementwise ops on one block of x at a time, instead of each op on all of x.
 
     Op k reads slots args[2k] and args[2k + 1] (-1: none). Slot 0 is the block of x, then come the
@@ -45,15 +54,16 @@ def elementwise(x, *consts, ops, args):
     flat = np.ascontiguousarray(x).reshape(-1)
     consts = [c.reshape(()) for c in consts]
     steps = list(zip(_kernels(tuple(ops)), args[0::2], args[1::2]))
-    out = None
+    result = None
     for start in range(0, max(flat.size, 1), BLOCK):
         slots = [flat[start:start + BLOCK], *consts]
         for fn, a, b in steps:
             slots.append(fn(slots[a]) if b < 0 else fn(slots[a], slots[b]))
-        if out is None:
-            out = np.empty(flat.size, slots[-1].dtype)
-        out[start:start + BLOCK] = slots[-1]
-    return out.reshape(shape)
+        if result is None:   # `out`, a buffer from the session's memory plan, when it fits
+            fits = out is not None and out.size == flat.size and out.dtype == slots[-1].dtype
+            result = out if fits else np.empty(flat.size, slots[-1].dtype)
+        result[start:start + BLOCK] = slots[-1]
+    return result.reshape(shape)
 
 
 @register("MaskedSoftmax", since=1, domain="course")

@@ -15,13 +15,14 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     """Y = alpha * A' @ B' + beta * C, where X' is X transposed when transX is set; C broadcasts."""
     a = a.T if transA else a
     b = b.T if transB else b
-    y = a @ b
-    if c is not None and np.broadcast_shapes(c.shape, y.shape) != y.shape:
-        raise ValueError(f"Gemm's C of shape {c.shape} does not broadcast to the product's shape {y.shape}")
+    y = a @ b                  # a fresh buffer: the scaling and the bias go in place
     if alpha != 1.0:
-        y = y * y.dtype.type(alpha)
+        y *= y.dtype.type(alpha)
     if c is not None:
-        y = y + (c if beta == 1.0 else c * c.dtype.type(beta))
+        try:
+            y += c if beta == 1.0 else c * c.dtype.type(beta)
+        except ValueError:
+            raise ValueError(f"Gemm's C of shape {c.shape} does not broadcast to the product's shape {y.shape}") from None
     return y.astype(a.dtype, copy=False)
 
 
@@ -81,15 +82,27 @@ register("LogSoftmax", since=1)(_coerced(lambda x, axis: log_softmax(x, axis=axi
 register("Hardmax", since=1)(_coerced(lambda x, axis: hardmax(x, axis=axis)))
 
 
-@register("CumSum", since=11)
-def cumsum(x, axis, *, exclusive=0, reverse=0):
-    axis = int(np.asarray(axis).reshape(()))
+def _cumulative(ufunc, x, axis, exclusive, reverse):
+    """ufunc accumulated along `axis`; exclusive shifts by one (starting from the identity), reverse
+    accumulates from the end."""
+    axis = int(np.asarray(axis).reshape(-1)[0])
     if reverse:
         x = np.flip(x, axis)
-    y = np.cumsum(x, axis=axis, dtype=x.dtype)
+    y = ufunc.accumulate(x, axis=axis, dtype=x.dtype)
     if exclusive:
-        y = np.concatenate([np.zeros_like(np.take(y, [0], axis=axis)), np.take(y, range(y.shape[axis] - 1), axis=axis)], axis)
+        first = np.full_like(np.take(y, [0], axis=axis), ufunc.identity)
+        y = np.concatenate([first, np.take(y, range(y.shape[axis] - 1), axis=axis)], axis)
     return np.flip(y, axis) if reverse else y
+
+
+@register("CumSum", since=11)
+def cumsum(x, axis, *, exclusive=0, reverse=0):
+    return _cumulative(np.add, x, axis, exclusive, reverse)
+
+
+@register("CumProd", since=26)
+def cumprod(x, axis, *, exclusive=0, reverse=0):
+    return _cumulative(np.multiply, x, axis, exclusive, reverse)
 
 
 def _arg(fn):

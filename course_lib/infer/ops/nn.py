@@ -1,15 +1,15 @@
-"""Neural-network kernels: convolution and pooling (by sliding windows), and normalizations."""
+"""Neural-network kernels: padding rules, pooling (by shifted slices) and normalizations.
+
+Convolution, which pads by the same rules, is in conv.py."""
 
 import functools
-import itertools
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..registry import Unsupported, register
 
 
-def _pads(auto_pad, pads, size, kernel, strides, dilations):
+def pads_for(auto_pad, pads, size, kernel, strides, dilations):
     """Per-axis (begin, end) padding, for explicit pads or auto_pad SAME_UPPER / SAME_LOWER / VALID."""
     n = len(size)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -24,79 +24,62 @@ def _pads(auto_pad, pads, size, kernel, strides, dilations):
     return [(pads[i], pads[i + n]) for i in range(n)]
 
 
-def _padded(x, kernel, strides, dilations, pads, fill, ceil_mode=False, extra_fill=None):
-    """Pad x (N, C, *spatial) for pooling or convolution; returns the padded array and the output size.
+@functools.lru_cache(maxsize=256)
+def _pool_geometry(size, kernel, strides, dilations, pads, auto_pad, ceil_mode):
+    """(pads, extra, steps) of a pool over a (N, C, *size) input, worked out once per shape.
 
-    With ceil_mode the last window may run past the right padding: we pad a little more, with
-    `extra_fill` (so an average pool can tell those cells from the explicit padding)."""
-    n = len(kernel)
-    size = x.shape[2:]
+    pads: (begin, end) per axis; extra: padding to add at the end of each axis beyond `pads` (ceil_mode
+    lets the last window run past the right padding). steps: one list per spatial axis, holding for each
+    offset inside the kernel the strided slice along that axis that the offset sees in every window.
+    A max (or a sum) over a box is a max over one axis of the max over the other, so a k x k pool is
+    k - 1 ufunc calls per axis on whole arrays, instead of a reduction over tiny strided windows,
+    which numpy does slowly."""
+    strides, dilations = strides or (1,) * len(size), dilations or (1,) * len(size)
+    pads = tuple(tuple(p) for p in pads_for(auto_pad, pads, size, kernel, strides, dilations))
     eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     out = []
-    for i in range(n):
+    for i in range(len(kernel)):
         span = size[i] + pads[i][0] + pads[i][1] - eff[i]
         o = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
         if ceil_mode and (o - 1) * strides[i] >= size[i] + pads[i][0]:
             o -= 1  # a window may not start in the right padding
         out.append(o)
-    extra = [max((o - 1) * s + e - (sz + p0 + p1), 0) for o, s, e, sz, (p0, p1) in zip(out, strides, eff, size, pads)]
-    xp = x
+    extra = tuple(max((o - 1) * s + e - (sz + p0 + p1), 0)
+                  for o, s, e, sz, (p0, p1) in zip(out, strides, eff, size, pads))
+    steps = []
+    for axis, (k, d, s, o) in enumerate(zip(kernel, dilations, strides, out)):
+        before = (slice(None),) * (2 + axis)
+        steps.append([before + (slice(a * d, a * d + s * (o - 1) + 1, s),) for a in range(k)])
+    return pads, extra, steps
+
+
+def _padded(x, geometry, fill, extra_fill=None):
+    """x (N, C, *spatial) padded as `geometry` says. The cells added for ceil_mode get `extra_fill`
+    (so an average pool can tell them from the explicit padding)."""
+    pads, extra, _ = geometry
     if any(p0 or p1 for p0, p1 in pads):  # np.pad copies even when there is nothing to add: skip it then
-        xp = np.pad(xp, [(0, 0), (0, 0)] + list(pads), constant_values=fill)
+        x = np.pad(x, [(0, 0), (0, 0)] + list(pads), constant_values=fill)
     if any(extra):
-        xp = np.pad(xp, [(0, 0), (0, 0)] + [(0, ex) for ex in extra],
-                    constant_values=fill if extra_fill is None else extra_fill)
-    return xp, out
+        x = np.pad(x, [(0, 0), (0, 0)] + [(0, ex) for ex in extra],
+                   constant_values=fill if extra_fill is None else extra_fill)
+    return x
 
 
-def _shifted(xp, kernel, strides, dilations, out):
-    """For each offset inside the kernel, the strided slice of xp that this offset sees in every window.
-
-    A pool is then a max (or sum) over len(kernel) slices of the output's size, instead of a reduction
-    over tiny strided windows, which numpy does slowly."""
-    for offset in itertools.product(*(range(k) for k in kernel)):
-        yield xp[(slice(None), slice(None)) + tuple(slice(o * d, o * d + s * (n - 1) + 1, s)
-                                                    for o, d, s, n in zip(offset, dilations, strides, out))]
-
-
-def _windows(x, kernel, strides, dilations, pads, fill):
-    """x (N, C, *spatial) -> windows (N, C, *out, *kernel): a strided view, no copy (im2col reads it)."""
-    n = len(kernel)
-    xp, out = _padded(x, kernel, strides, dilations, pads, fill)
-    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    w = sliding_window_view(xp, eff, axis=tuple(range(2, 2 + n)))
-    w = w[(Ellipsis,) + tuple(slice(None, None, d) for d in dilations)]
-    return w[(slice(None), slice(None)) + tuple(slice(0, o * s, s) for o, s in zip(out, strides))], out
+def _pool(ufunc, xp, steps):
+    """ufunc over each window: axis by axis, each axis's slices folded into the first result's buffer."""
+    y = xp
+    for slices in steps:
+        first = ufunc(y[slices[0]], y[slices[1]]) if len(slices) > 1 else y[slices[0]].copy()
+        for s in slices[2:]:
+            ufunc(first, y[s], out=first)
+        y = first
+    return y
 
 
-@register("Conv", since=1)
-def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
-    """Convolution as one matrix product per group over im2col windows (sliding_window_view)."""
-    n = x.ndim - 2
-    kernel = list(w.shape[2:])
-    strides, dilations = strides or [1] * n, dilations or [1] * n
-    pads = _pads(auto_pad, pads, x.shape[2:], kernel, strides, dilations)
-    win, _ = _windows(x, kernel, strides, dilations, pads, 0)      # (N, C, *out, *k), a view
-    N, C, out = x.shape[0], x.shape[1], win.shape[2:2 + n]
-    M, G = w.shape[0], group
-    # (N, G, C/G, *out, *k) -> (N, G, prod(out), C/G * prod(k)): the im2col matrix of each group
-    cols = win.reshape(N, G, C // G, *out, *kernel)
-    cols = np.moveaxis(cols, 2, 2 + n).reshape(N, G, int(np.prod(out)), -1)
-    wm = w.reshape(G, M // G, -1)                                   # (G, M/G, C/G * prod(k))
-    if G == 1:  # the whole batch in one BLAS call: (N * prod(out), C * prod(k)) @ (C * prod(k), M)
-        y = (cols.reshape(-1, cols.shape[-1]) @ wm[0].T).reshape(N, 1, -1, M)
-    else:
-        y = np.matmul(cols, wm.transpose(0, 2, 1))                  # (N, G, prod(out), M/G)
-    y = y.transpose(0, 1, 3, 2).reshape(N, M, *out)                 # a copy, so the bias can go in place
-    if b is not None:
-        y += b.reshape((1, M) + (1,) * n).astype(y.dtype, copy=False)
-    return y.astype(x.dtype, copy=False)
-
-
-def _pool_args(x, kernel_shape, strides, dilations, pads, auto_pad):
-    n = x.ndim - 2
-    strides, dilations = strides or [1] * n, dilations or [1] * n
-    return n, strides, dilations, _pads(auto_pad, pads, x.shape[2:], kernel_shape, strides, dilations)
+def _geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
+    t = lambda v: None if v is None else tuple(v)  # noqa: E731  (lists are not hashable)
+    return _pool_geometry(x.shape[2:], tuple(kernel_shape), t(strides), t(dilations), t(pads), auto_pad,
+                          bool(ceil_mode))
 
 
 @register("MaxPool", since=8)
@@ -106,22 +89,19 @@ def max_pool(x, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, dilations=None,
         raise Unsupported("MaxPool's Indices output")
     if x.dtype.kind != "f":
         raise Unsupported(f"MaxPool on {x.dtype}")
-    n, strides, dilations, pads = _pool_args(x, kernel_shape, strides, dilations, pads, auto_pad)
-    xp, out = _padded(x, kernel_shape, strides, dilations, pads, -np.inf, bool(ceil_mode))
-    return functools.reduce(np.maximum, _shifted(xp, kernel_shape, strides, dilations, out))
+    geometry = _geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    return _pool(np.maximum, _padded(x, geometry, -np.inf), geometry[2])
 
 
 @register("AveragePool", since=7)
 def average_pool(x, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
                  pads=None, strides=None):
     """The mean over each window; padding counts in the divisor only with count_include_pad."""
-    n, strides, dilations, pads = _pool_args(x, kernel_shape, strides, dilations, pads, auto_pad)
-    xp, out = _padded(x, kernel_shape, strides, dilations, pads, 0, bool(ceil_mode))
-    total = functools.reduce(np.add, _shifted(xp, kernel_shape, strides, dilations, out))
+    geometry = _geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    total = _pool(np.add, _padded(x, geometry, 0), geometry[2])
     # count the cells of each window that are real input (or, with count_include_pad, explicit padding)
     ones = np.ones((1, 1) + x.shape[2:], dtype=x.dtype)
-    op, _ = _padded(ones, kernel_shape, strides, dilations, pads, 1 if count_include_pad else 0, bool(ceil_mode), 0)
-    count = functools.reduce(np.add, _shifted(op, kernel_shape, strides, dilations, out))
+    count = _pool(np.add, _padded(ones, geometry, 1 if count_include_pad else 0, 0), geometry[2])
     return (total / count).astype(x.dtype)
 
 
@@ -187,3 +167,44 @@ def lrn(x, *, size, alpha=1e-4, beta=0.75, bias=1.0):
     sq = np.pad(x * x, [(0, 0), ((size - 1) // 2, size - 1 - (size - 1) // 2)] + [(0, 0)] * (x.ndim - 2))
     s = sum(sq[:, i:i + c] for i in range(size))
     return (x / (bias + alpha / size * s) ** beta).astype(x.dtype)
+
+
+@register("RMSNormalization", since=23)
+def rms_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """x / sqrt(mean(x^2) + epsilon) over the axes from `axis` on, times scale (LayerNorm without the mean)."""
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    xf = x.astype(np.float32, copy=False) if stash_type == 1 and x.dtype != np.float64 else x
+    rms = np.sqrt(np.mean(np.square(xf), axis=axes, keepdims=True) + epsilon)
+    return ((xf / rms).astype(x.dtype) * scale).astype(x.dtype)
+
+
+def _group_norm(x, scale, bias, num_groups, epsilon, per_channel, stash_type=1):
+    N, C = x.shape[:2]
+    xf = x.astype(np.float32, copy=False) if stash_type == 1 and x.dtype != np.float64 else x
+    g = xf.reshape(N, num_groups, -1)                          # each group's channels and positions together
+    y = (g - g.mean(axis=2, keepdims=True)) / np.sqrt(g.var(axis=2, keepdims=True) + epsilon)
+    y = y.reshape(x.shape).astype(x.dtype)
+    shape = (1, C) + (1,) * (x.ndim - 2)
+    if not per_channel:                                        # opset 18: one scale and bias per group
+        scale, bias = np.repeat(scale, C // num_groups), np.repeat(bias, C // num_groups)
+    return (y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
+
+
+@register("GroupNormalization", since=18)
+def group_norm_18(x, scale, bias, *, num_groups, epsilon=1e-5):
+    """Normalize each group of C / num_groups channels of each sample; scale and bias per group."""
+    return _group_norm(x, scale, bias, num_groups, epsilon, per_channel=False)
+
+
+@register("GroupNormalization", since=21)
+def group_norm_21(x, scale, bias, *, num_groups, epsilon=1e-5, stash_type=1):
+    """As opset 18, but scale and bias per channel, and the statistics in float32 (stash_type=1)."""
+    return _group_norm(x, scale, bias, num_groups, epsilon, per_channel=True, stash_type=stash_type)
+
+
+@register("LpPool", since=11)
+def lp_pool(x, *, kernel_shape, p=2, auto_pad="NOTSET", ceil_mode=0, dilations=None, pads=None, strides=None):
+    """(sum over each window of |x|^p)^(1/p); padding counts as 0."""
+    geometry = _geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    total = _pool(np.add, _padded(np.abs(x) ** p, geometry, 0), geometry[2])
+    return (total ** (1.0 / p)).astype(x.dtype)

@@ -1,5 +1,7 @@
 """Kernels that move data without arithmetic: shapes, reshapes, slicing, gathering, constants."""
 
+import math
+
 import numpy as np
 
 from ..registry import Unsupported, register
@@ -32,7 +34,7 @@ def reshape(x, shape, *, allowzero=0):
 @register("Flatten", since=1)
 def flatten(x, *, axis=1):
     axis = axis + x.ndim if axis < 0 else axis
-    return x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
 @register("Transpose", since=1)
@@ -161,6 +163,8 @@ def trilu(x, k=None, *, upper=1):
 
 @register("Range", since=11)
 def range_(start, limit, delta):
+    """start, start + delta, ... up to limit (excluded). The three are scalars (a 1-element tensor will do)."""
+    start, limit, delta = (v.reshape(()) if v.size == 1 else v for v in (start, limit, delta))
     return np.arange(start, limit, delta, dtype=start.dtype)
 
 
@@ -223,3 +227,139 @@ def space_to_depth(x, *, blocksize):
 @register("Compress", since=11)
 def compress(x, condition, *, axis=None):
     return np.compress(condition, x, axis=axis)
+
+
+@register("SpaceToDepth", since=28)
+def space_to_depth_28(x, *, blocksize, mode="DCR"):
+    """Opset 28 adds CRD order: each channel's b x b block side by side, instead of block position first."""
+    if mode == "DCR":
+        return space_to_depth(x, blocksize=blocksize)
+    n, c, h, w = x.shape
+    b = blocksize
+    return x.reshape(n, c, h // b, b, w // b, b).transpose(0, 1, 3, 5, 2, 4).reshape(n, c * b * b, h // b, w // b)
+
+
+# ---- scatters and gathers by index tensors -------------------------------------------------
+
+_AT = {"add": np.add.at, "mul": np.multiply.at, "max": np.maximum.at, "min": np.minimum.at}
+
+
+def _write(out, where, updates, reduction):
+    """out[where] = updates, or combined with what is there (reduction); repeated positions accumulate."""
+    if reduction == "none":
+        out[where] = updates
+    elif reduction in _AT:
+        _AT[reduction](out, where, updates)
+    else:
+        raise Unsupported(f"scatter reduction {reduction!r}")
+    return out
+
+
+def _scatter_elements(data, indices, updates, axis, reduction):
+    axis %= data.ndim
+    idx = np.where(indices < 0, indices + data.shape[axis], indices)
+    where = list(np.indices(indices.shape, sparse=True))
+    where[axis] = idx
+    return _write(data.copy(), tuple(where), updates, reduction)
+
+
+@register("ScatterElements", since=11)
+def scatter_elements(data, indices, updates, *, axis=0, reduction="none"):
+    """out = data, then out[..., indices[i, j], ...] = updates[i, j] along `axis` (or added, multiplied,
+    kept the max or min of, with `reduction`)."""
+    return _scatter_elements(data, indices, updates, axis, reduction)
+
+
+@register("Scatter", since=9)
+def scatter(data, indices, updates, *, axis=0):
+    """The old name of ScatterElements, without reduction."""
+    return _scatter_elements(data, indices, updates, axis, "none")
+
+
+@register("ScatterND", since=11)
+def scatter_nd(data, indices, updates, *, reduction="none"):
+    """out = data, then out[indices[i][0], ..., indices[i][k-1]] = updates[i] for each index tuple i
+    (the last axis of indices holds k coordinates; updates slices fill the remaining axes)."""
+    k = indices.shape[-1]
+    idx = indices.reshape(-1, k)
+    idx = np.where(idx < 0, idx + np.array(data.shape[:k]), idx)
+    return _write(data.copy(), tuple(idx.T), updates.reshape((-1,) + data.shape[k:]), reduction)
+
+
+@register("GatherND", since=11)
+def gather_nd(data, indices, *, batch_dims=0):
+    """out[b..., i...] = data[b..., indices[b..., i..., 0], ..., indices[b..., i..., k-1]]: the last axis
+    of indices holds k coordinates into data (after its first batch_dims axes, shared with indices)."""
+    batch = data.shape[:batch_dims]
+    n = int(np.prod(batch))
+    d = data.reshape((n,) + data.shape[batch_dims:])
+    ind = indices.reshape((n,) + indices.shape[batch_dims:])
+    k = ind.shape[-1]
+    out = [d[b][tuple(np.moveaxis(np.where(ind[b] < 0, ind[b] + np.array(d.shape[1:1 + k]), ind[b]), -1, 0))]
+           for b in range(n)]
+    return np.stack(out).reshape(batch + indices.shape[batch_dims:-1] + data.shape[batch_dims + k:])
+
+
+@register("TensorScatter", since=24)
+def tensor_scatter(past_cache, update, write_indices=None, *, axis=-2, mode="linear"):
+    """A KV cache update: copy `update` into the cache along `axis`, at write_indices[b] for batch entry b
+    (0 when not given); positions wrap around the cache's length in mode "circular"."""
+    axis %= past_cache.ndim
+    out = past_cache.copy()
+    length, steps = past_cache.shape[axis], update.shape[axis]
+    for b in range(past_cache.shape[0]):
+        start = 0 if write_indices is None else int(write_indices[b])
+        pos = start + np.arange(steps)
+        if mode == "circular":
+            pos %= length
+        dst = np.moveaxis(out[b], axis - 1, 0)              # a view: writing it writes out
+        dst[pos] = np.moveaxis(update[b], axis - 1, 0)
+    return out
+
+
+@register("ReverseSequence", since=10)
+def reverse_sequence(x, sequence_lens, *, batch_axis=1, time_axis=0):
+    """Reverse the first sequence_lens[b] steps (along time_axis) of each batch entry b."""
+    y = x.copy()
+    for b, n in enumerate(np.asarray(sequence_lens).reshape(-1)):
+        src = [slice(None)] * x.ndim
+        src[batch_axis], src[time_axis] = b, slice(0, int(n))
+        dst = list(src)
+        dst[time_axis] = slice(int(n) - 1, None, -1) if n > 0 else slice(0, 0)
+        y[tuple(dst)] = x[tuple(src)]
+    return y
+
+
+@register("CenterCropPad", since=18)
+def center_crop_pad(x, shape, *, axes=None):
+    """Crop or zero-pad each of `axes` to its size in `shape`, keeping the center."""
+    axes = [a % x.ndim for a in (axes if axes is not None else range(x.ndim))]
+    y = x
+    for a, size in zip(axes, _ints(shape)):
+        n = y.shape[a]
+        if size < n:
+            start = (n - size) // 2
+            y = np.take(y, np.arange(start, start + size), axis=a)
+        elif size > n:
+            before = (size - n) // 2
+            pad = [(0, 0)] * y.ndim
+            pad[a] = (before, size - n - before)
+            y = np.pad(y, pad)
+    return y
+
+
+@register("Unique", since=11)
+def unique(x, *, axis=None, sorted=1, _n_outputs=1):
+    """The distinct values (or slices along `axis`), sorted or in order of first appearance; optional
+    outputs: where each first appears, where each input element went, how often each appears."""
+    values, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True,
+                                               axis=axis)
+    inverse = inverse.reshape(-1)
+    if not sorted:                                      # renumber by first appearance
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        values = np.take(values, order, axis=0 if axis is None else axis)
+        first, counts, inverse = first[order], counts[order], rank[inverse]
+    outs = (values, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64))
+    return outs[:_n_outputs] if _n_outputs > 1 else outs[0]

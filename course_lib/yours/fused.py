@@ -1,0 +1,81 @@
+"""Chapter 10 assembled from your kernels: chapter 05's Mamba on your scan, chapter 04's GPT on your attention.
+
+    from course_lib.yours import fused
+    kernels = fused.assemble()                  # one line says whose kernels run
+    with kernels.running():                     # MambaConfig(scan="fused") and GPTConfig(fused=True) use them
+        logits, loss = gpt(idx, targets)
+        loss.backward()
+
+What runs where:
+    the Mamba's selective scan, forward     your fused_scan (chapter 10)
+    the Mamba's selective scan, backward    the course's scan_cpu.scan_backward, replaying your checkpoints
+    the GPT's attention, forward            your flash_forward, inside your op (register_flash_attention)
+    the GPT's attention, backward           your flash_backward, inside the same op
+The models take them through their declared plug-in points, `mamba.scan.scan_kernel` and
+`gpt.model.attention_kernel`. A kernel you have not saved (or turned off with `yours.use("10", False)`)
+is the course's: the pieces share the signatures of course_lib.fused's kernels.
+"""
+
+import contextlib
+import itertools
+from types import SimpleNamespace
+
+import torch
+
+from course_lib import yours
+from course_lib.custom_ops.functions import as_numpy
+from course_lib.fused import attention_cpu, attention_op, scan_cpu
+from course_lib.fused.scan_op import selective_scan_backward
+from course_lib.gpt.model import attention_kernel
+from course_lib.mamba.scan import scan_kernel
+
+COURSE = {"fused_scan": scan_cpu.scan_forward,
+          "flash_forward": attention_cpu.forward_kernel,
+          "flash_backward": attention_cpu.backward_kernel,
+          "register_flash_attention": attention_op.register}
+
+_names = itertools.count()   # an op name is taken for good once registered: a fresh one per assembly
+
+
+class _Scan(torch.autograd.Function):
+    """Your forward kernel, and the course's backward kernel fed with the checkpoints yours saved."""
+
+    @staticmethod
+    def forward(ctx, x, delta, A, B, C, D, kernel, chunk):
+        (bsz, L, Dm), N = x.shape, A.shape[1]
+        y, h_last, ckpt = x.new_empty(bsz, L, Dm), x.new_empty(bsz, Dm, N), x.new_empty(bsz, -(-L // chunk), Dm, N)
+        kernel(*map(as_numpy, (x, delta, A, B, C, D)), y.numpy(), h_last.numpy(), ckpt.numpy(), chunk)
+        ctx.save_for_backward(x, delta, A, B, C, D, ckpt)
+        ctx.chunk = chunk
+        return y, h_last
+
+    @staticmethod
+    def backward(ctx, dy, dh_last):
+        x, delta, A, B, C, D, ckpt = ctx.saved_tensors
+        dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+        dh_last = x.new_zeros(x.shape[0], *A.shape) if dh_last is None else dh_last.contiguous()
+        return *selective_scan_backward(x, delta, A, B, C, D, ckpt, dy, dh_last, ctx.chunk), None, None
+
+
+def assemble(quiet=False):
+    """Your chapter 10 kernels (the course's where yours are not saved) as the models' two fused kernels."""
+    p = yours.pieces("10", reference=COURSE, quiet=quiet)
+    op = p["register_flash_attention"](f"yours::flash_attention_{next(_names)}", p["flash_forward"], p["flash_backward"])
+
+    def scan(x, delta, A, B, C, D, return_state=False):
+        """Chapter 05's selective scan signature, on your fused_scan."""
+        args = (t.to(x.dtype).contiguous() for t in (x, delta, A, B, C, D))
+        y, h_last = _Scan.apply(*args, p["fused_scan"], scan_cpu.CHUNK)
+        return (y, h_last) if return_state else y
+
+    def attention(q, k, v):
+        """Causal attention, queries aligned with the last keys, on your op: (B, H, Tq, d) -> (B, H, Tq, dv)."""
+        return op(q, k, v, True, q.shape[-1] ** -0.5)[0]
+
+    @contextlib.contextmanager
+    def running():
+        """Inside the block, MambaConfig(scan="fused") runs `scan` and GPTConfig(fused=True) runs `attention`."""
+        with scan_kernel(scan), attention_kernel(attention):
+            yield
+
+    return SimpleNamespace(pieces=p, op=op, scan=scan, attention=attention, running=running)
