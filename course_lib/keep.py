@@ -18,7 +18,7 @@ from course_lib.progress import workspace_dir
 # The chapters whose closing cells run the code that a chapter's checks keep (assembled by
 # course_lib.yours). A pass line names them, so the learner knows where their code goes next.
 USED_BY = {
-    "01": ["01"],
+    "01": ["01", "12"],
     "02": ["02", "06", "12"],
     "06": ["06", "12"],
     "07": ["07"],

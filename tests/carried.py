@@ -7,6 +7,7 @@ checks pass and save the reference answers in work/yours/ exactly as a learner's
 
 import contextlib
 import io
+import shutil
 
 import nbformat
 import pytest
@@ -56,6 +57,29 @@ def saved_workspace(tmp_path_factory, chapter, save=None):
         mp.delenv("COURSE_PROGRESS_FILE", raising=False)
         save(work) if save else save_reference(chapter, work)
     return work
+
+
+def fixtures(chapter, save=None):
+    """The two fixtures of a carried-forward test module, for chapter NN:
+
+        saved, learner = carried.fixtures("01")
+
+    saved    (made once per module) a workspace where the reference answers were saved as a learner's;
+    learner  a copy of it made the current workspace for one test, which may break a piece in it."""
+
+    @pytest.fixture(scope="module")
+    def saved(tmp_path_factory):
+        return saved_workspace(tmp_path_factory, chapter, save)
+
+    @pytest.fixture
+    def learner(saved, tmp_path, monkeypatch):
+        work = tmp_path / "work"
+        shutil.copytree(saved, work)
+        monkeypatch.setenv("COURSE_WORKSPACE", str(work))
+        monkeypatch.delenv("COURSE_PROGRESS_FILE", raising=False)
+        return work
+
+    return saved, learner
 
 
 def run_payoff(chapter, namespace=None):

@@ -1,9 +1,10 @@
-"""Chapter 06's checks pass on reference kernels and reject plausible mistakes."""
+"""Chapter 06's checks pass on reference kernels and reject plausible mistakes (exercises 1-6, then the
+fast paths of exercises 7-11)."""
 
 import numba
 import numpy as np
 import pytest
-from checking import expect_failure
+from checking import expect_failure, expect_pass
 from numba import njit, prange
 
 from course_lib.checks import ch06 as check
@@ -412,3 +413,279 @@ def test_matmul_rejects_a_race():
             assert "race" in str(e), f"the failure message lacks 'race':\n{e}"
             return
     pytest.skip("the race never lost an update in 4 tries on this machine (the threads did not overlap)")
+
+
+# ==== exercises 7-11: the fast paths =================================================================
+# Reference answers (as in solutions/06_numba_cpu.ipynb), then plausible mistakes, including a product
+# that copies an operand gemm reads in place (right values, wrong memory).
+
+@njit(cache=True)
+def flat_map(fn, out, a):
+    for i in range(out.size):
+        out[i] = fn(a[i])
+
+
+@njit(cache=True)
+def flat_zip(fn, out, cols, a, a_row, a_spread, b, b_row, b_spread):
+    for r in range(out.size // cols):
+        o, x, y = out[r * cols:(r + 1) * cols], a[r * a_row:], b[r * b_row:]
+        for j in range(cols):
+            o[j] = fn(x[j if a_spread else 0], y[j if b_spread else 0])
+
+
+def row_layout(shape, out_shape, mistake=None):
+    shape, out_shape = tuple(shape), tuple(out_shape)
+    cols = out_shape[-1] if out_shape else 1
+    padded = shape if mistake == "no padding" else (1,) * (len(out_shape) - len(shape)) + shape
+    if padded == out_shape:
+        return cols, True
+    if mistake == "full only":
+        return None
+    if int(np.prod(shape)) == 1:
+        return 0, False
+    if padded[:-1] == (1,) * (len(padded) - 1) and padded[-1] == cols:
+        return 0, True
+    if mistake == "column is a row" and padded[-1] == 1:
+        return 0, True
+    if padded[-1] == 1 and (padded[:-1] == out_shape[:-1] or mistake == "any column"):
+        return 1, False
+    return None
+
+
+@njit(cache=True)
+def strided_copy(out, out_shape, out_strides, a, a_strides):
+    n = out_shape[-1]
+    size = 1
+    for s in out_shape:
+        size *= s
+    step_out, step_a = out_strides[-1], a_strides[-1]
+    for r in range(size // n if n else 0):
+        po = position(r * n, out_shape, out_strides, 0)
+        pa = position(r * n, out_shape, a_strides, 0)
+        for j in range(n):
+            out[po + j * step_out] = a[pa + j * step_a]
+
+
+@njit(cache=True)
+def sum_columns(out, a, n, m):
+    for o in range(out.size // m):
+        acc = out[o * m:(o + 1) * m]
+        acc[:] = 0.0
+        for k in range(n):
+            row = a[(o * n + k) * m:(o * n + k + 1) * m]
+            for j in range(m):
+                acc[j] += row[j]
+
+
+def _view(storage, shape, strides):
+    return np.lib.stride_tricks.as_strided(storage, tuple(shape), tuple(int(s) * storage.itemsize for s in strides))
+
+
+def blas_matmul(a, a_shape, a_strides, b, b_shape, b_strides):
+    return np.matmul(_view(a, a_shape, a_strides), _view(b, b_shape, b_strides))
+
+
+def test_fast_path_references_pass():
+    expect_pass(check.flat_kernels, flat_map, flat_zip)
+    expect_pass(check.row_layout, row_layout)
+    expect_pass(check.strided_copy, strided_copy)
+    expect_pass(check.sum_columns, sum_columns)
+    expect_pass(check.blas_matmul, blas_matmul)
+
+
+@pytest.mark.parametrize("name, args", [
+    ("flat_kernels", (njit(stub), njit(stub))), ("row_layout", (stub,)), ("strided_copy", (njit(stub),)),
+    ("sum_columns", (njit(stub),)), ("blas_matmul", (stub,))])
+def test_fast_path_stubs_fail(name, args):
+    expect_failure(getattr(check, name), *args, match="not implemented yet")
+
+
+# ---- 7. flat kernels ------------------------------------------------------------------------------
+
+@njit(cache=True)
+def flat_zip_swapped(fn, out, cols, a, a_row, a_spread, b, b_row, b_spread):
+    for r in range(out.size // cols):
+        o, x, y = out[r * cols:(r + 1) * cols], a[r * a_row:], b[r * b_row:]
+        for j in range(cols):
+            o[j] = fn(y[j if b_spread else 0], x[j if a_spread else 0])
+
+
+@njit(cache=True)
+def flat_zip_full_rows(fn, out, cols, a, a_row, a_spread, b, b_row, b_spread):
+    """Every operand's row r starts at r * cols, as if it had the output's shape."""
+    for r in range(out.size // cols):
+        o, x, y = out[r * cols:(r + 1) * cols], a[r * cols:], b[r * cols:]
+        for j in range(cols):
+            o[j] = fn(x[j if a_spread else 0], y[j if b_spread else 0])
+
+
+@njit(cache=True)
+def flat_zip_always_spread(fn, out, cols, a, a_row, a_spread, b, b_row, b_spread):
+    for r in range(out.size // cols):
+        o, x, y = out[r * cols:(r + 1) * cols], a[r * a_row:], b[r * b_row:]
+        for j in range(cols):
+            o[j] = fn(x[j], y[j])
+
+
+@njit(cache=True)
+def flat_zip_one_row_too_many(fn, out, cols, a, a_row, a_spread, b, b_row, b_spread):
+    size = out.size
+    for r in range(size // cols + 1):
+        for j in range(cols):
+            out[r * cols + j] = fn(a[r * a_row + (j if a_spread else 0)], b[r * b_row + (j if b_spread else 0)])
+
+
+def flat_map_python(fn, out, a):
+    for i in range(out.size):
+        out[i] = fn(a[i])
+
+
+@pytest.mark.parametrize("wrong_map, wrong_zip, hint", [
+    (flat_map, flat_zip_swapped, "swapped"),
+    (flat_map, flat_zip_full_rows, "r * row_step"),
+    (flat_map, flat_zip_always_spread, "spread"),
+    (flat_map, flat_zip_one_row_too_many, "outside its output"),
+    (flat_map_python, flat_zip, "@njit"),
+])
+def test_flat_kernels_reject(wrong_map, wrong_zip, hint):
+    expect_failure(check.flat_kernels, wrong_map, wrong_zip, match=hint)
+
+
+# ---- 8. row_layout -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mistake, hint", [
+    ("no padding", "pad the shape"),
+    ("full only", "reads flat"),
+    ("column is a row", "differs"),
+    ("any column", "return None there"),
+])
+def test_row_layout_rejects(mistake, hint):
+    expect_failure(check.row_layout, lambda s, o: row_layout(s, o, mistake=mistake), match=hint)
+
+
+def test_row_layout_rejects_a_bad_result():
+    expect_failure(check.row_layout, lambda s, o: "full", match="(row_step, spread)")
+
+
+# ---- 9. strided_copy -----------------------------------------------------------------------------------
+
+@njit(cache=True)
+def copy_ignoring_a_strides(out, out_shape, out_strides, a, a_strides):
+    n = out_shape[-1]
+    size = 1
+    for s in out_shape:
+        size *= s
+    for r in range(size // n if n else 0):
+        po = position(r * n, out_shape, out_strides, 0)
+        for j in range(n):
+            out[po + j * out_strides[-1]] = a[r * n + j]
+
+
+@njit(cache=True)
+def copy_into_contiguous(out, out_shape, out_strides, a, a_strides):
+    n = out_shape[-1]
+    size = 1
+    for s in out_shape:
+        size *= s
+    for r in range(size // n if n else 0):
+        pa = position(r * n, out_shape, a_strides, 0)
+        for j in range(n):
+            out[r * n + j] = a[pa + j * a_strides[-1]]
+
+
+@njit(cache=True)
+def copy_dividing_by_the_last_dim(out, out_shape, out_strides, a, a_strides):
+    n = out_shape[-1]
+    size = 1
+    for s in out_shape:
+        size *= s
+    for r in range(size // n):
+        po = position(r * n, out_shape, out_strides, 0)
+        pa = position(r * n, out_shape, a_strides, 0)
+        for j in range(n):
+            out[po + j * out_strides[-1]] = a[pa + j * a_strides[-1]]
+
+
+def copy_in_python(out, out_shape, out_strides, a, a_strides):
+    strided_copy(out, out_shape, out_strides, a, a_strides)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (copy_ignoring_a_strides, "as if it were contiguous"),
+    (copy_into_contiguous, "differs"),
+    (copy_dividing_by_the_last_dim, "raised"),
+    (copy_in_python, "@njit"),
+])
+def test_strided_copy_rejects(wrong, hint):
+    expect_failure(check.strided_copy, wrong, match=hint)
+
+
+# ---- 10. sum_columns ----------------------------------------------------------------------------------
+
+@njit(cache=True)
+def sum_columns_not_zeroed(out, a, n, m):
+    for o in range(out.size // m):
+        acc = out[o * m:(o + 1) * m]
+        for k in range(n):
+            row = a[(o * n + k) * m:(o * n + k + 1) * m]
+            for j in range(m):
+                acc[j] += row[j]
+
+
+@njit(cache=True)
+def sum_columns_first_block(out, a, n, m):
+    for o in range(out.size // m):
+        acc = out[o * m:(o + 1) * m]
+        acc[:] = 0.0
+        for k in range(n):
+            row = a[k * m:(k + 1) * m]
+            for j in range(m):
+                acc[j] += row[j]
+
+
+@njit(cache=True)
+def sum_rows_instead(out, a, n, m):
+    for i in range(out.size):
+        acc = 0.0
+        for j in range(n):
+            acc += a[i * n + j]
+        out[i] = acc
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (sum_columns_not_zeroed, "not zero"),
+    (sum_columns_first_block, "first block"),
+    (sum_rows_instead, "differs"),
+])
+def test_sum_columns_rejects(wrong, hint):
+    expect_failure(check.sum_columns, wrong, match=hint)
+
+
+# ---- 11. blas_matmul ----------------------------------------------------------------------------------
+
+def matmul_copying(a, a_shape, a_strides, b, b_shape, b_strides):
+    """Right values, wrong memory: every operand made contiguous first, the transposed weight too."""
+    return np.matmul(np.ascontiguousarray(_view(a, a_shape, a_strides)), np.ascontiguousarray(_view(b, b_shape, b_strides)))
+
+
+def matmul_ignoring_strides(a, a_shape, a_strides, b, b_shape, b_strides):
+    return np.matmul(a[:int(np.prod(a_shape))].reshape(a_shape), b[:int(np.prod(b_shape))].reshape(b_shape))
+
+
+def matmul_in_float64(a, a_shape, a_strides, b, b_shape, b_strides):
+    return blas_matmul(a, a_shape, a_strides, b, b_shape, b_strides).astype(np.float64)
+
+
+@njit(cache=True)
+def matmul_in_numba(a, a_shape, a_strides, b, b_shape, b_strides):
+    return a
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (matmul_copying, "copy of an operand"),
+    (matmul_ignoring_strides, "as if they were contiguous"),
+    (matmul_in_float64, "came back as float64"),
+    (matmul_in_numba, "compiled with Numba"),
+])
+def test_blas_matmul_rejects(wrong, hint):
+    expect_failure(check.blas_matmul, wrong, match=hint)

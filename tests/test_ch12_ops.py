@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import course_lib.tensor as ct
-from course_lib.tensor import nn, optim, use_backend
+from course_lib.tensor import functions, nn, optim, use_backend
+from course_lib.tensor.autodiff import topological_order
 
 TOL = dict(rtol=1e-10, atol=1e-12)
 
@@ -213,3 +214,49 @@ def test_adamw_with_groups_and_clipping_matches_torch(backend, rng):
         ref.step()
         for p, q in zip(ours, theirs):
             close(p, q)
+
+
+# ---- the op registry: the library's declared plug-in point for Functions and the backward's order --------
+
+def test_use_ops_puts_a_function_in_for_the_block_only():
+    class Doubling(ct.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            return ct.TensorData.from_numpy(a.numpy() * 2.0, a.dtype)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2.0, None
+
+    a = ct.Tensor(np.arange(3.0), requires_grad=True, dtype=np.float64)
+    with ct.use_ops(Mul=Doubling) as ops:
+        assert ops.Mul is Doubling and "Mul=" in repr(ops)
+        with ct.use_ops(Mul=functions.Mul):                 # blocks nest; the innermost wins
+            assert (a * 5.0).numpy().tolist() == [0.0, 5.0, 10.0]
+        doubled = a * 5.0
+    assert doubled._fn is Doubling and doubled.numpy().tolist() == [0.0, 2.0, 4.0]
+    assert ct.OPS.Mul is functions.Mul and (a * 5.0)._fn is functions.Mul
+
+
+def test_use_ops_rejects_an_unknown_name_and_restores_on_errors():
+    with pytest.raises(KeyError, match="no op named Mull"):
+        with ct.use_ops(Mull=object):
+            pass
+    with pytest.raises(RuntimeError):
+        with ct.use_ops(Softmax=object):
+            raise RuntimeError("boom")
+    assert ct.OPS.Softmax.__module__ == "course_lib.tensor.functions"
+
+
+def test_the_backward_walks_the_order_the_registry_gives():
+    walked = []
+
+    def order(root):
+        nodes = topological_order(root)
+        walked.append(len(nodes))
+        return nodes
+
+    x = ct.Tensor(np.array([1.0, 2.0]), requires_grad=True, dtype=np.float64)
+    with ct.use_ops(topological_order=order):
+        ((x * x).sum()).backward()
+    assert walked == [4] and x.grad.numpy().tolist() == [2.0, 4.0]

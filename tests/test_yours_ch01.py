@@ -2,7 +2,6 @@
 is made of them and the payoff reaches its figure; one wrong piece stops it at once, named."""
 
 import math
-import shutil
 
 import carried
 import matplotlib
@@ -15,19 +14,7 @@ from course_lib.yours import autograd
 matplotlib.use("Agg")
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """A workspace where solutions/01's checks passed, so work/yours/ch01.py holds the reference answers."""
-    return carried.saved_workspace(tmp_path_factory, "01")
-
-
-@pytest.fixture
-def learner(saved, tmp_path, monkeypatch):
-    """A copy of the saved workspace, as the current one (a test may break a piece in it)."""
-    work = tmp_path / "work"
-    shutil.copytree(saved, work)
-    monkeypatch.setenv("COURSE_WORKSPACE", str(work))
-    return work
+saved, learner = carried.fixtures("01")   # the reference answers saved as a learner's; a copy per test
 
 
 def test_the_engine_is_the_learners_and_the_payoff_trains(learner, capsys):

@@ -1,7 +1,6 @@
 """Chapter 02 on the learner's code: with the reference answers saved as a learner's, the digits MLP is
 built from them and the payoff reaches 95% test accuracy; one wrong piece stops it at once, named."""
 
-import shutil
 
 import carried
 import matplotlib
@@ -15,19 +14,7 @@ from course_lib.yours import tensor
 matplotlib.use("Agg")
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """A workspace where solutions/02's checks passed, so work/yours/ch02.py holds the reference answers."""
-    return carried.saved_workspace(tmp_path_factory, "02")
-
-
-@pytest.fixture
-def learner(saved, tmp_path, monkeypatch):
-    """A copy of the saved workspace, as the current one (a test may break a piece in it)."""
-    work = tmp_path / "work"
-    shutil.copytree(saved, work)
-    monkeypatch.setenv("COURSE_WORKSPACE", str(work))
-    return work
+saved, learner = carried.fixtures("02")   # the reference answers saved as a learner's; a copy per test
 
 
 def test_the_parts_are_the_learners_and_the_payoff_reaches_95_percent(learner, capsys):

@@ -3,7 +3,6 @@ as onnxruntime does, a wrong saved piece stops the build with its check's messag
 gives the course's engine."""
 
 import functools
-import shutil
 
 import nbformat
 import numpy as np
@@ -19,17 +18,7 @@ from course_lib.infer.registry import lookup
 from course_lib.yours.engine import REFERENCE, Engine
 from tests import carried
 
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """The reference solutions saved as a learner's, once: work/yours/ to copy into each test's workspace."""
-    return carried.saved_workspace(tmp_path_factory, "09") / "yours"
-
-
-@pytest.fixture
-def learner(workspace, saved):
-    shutil.copytree(saved, workspace / "yours")
-    return workspace
+saved, learner = carried.fixtures("09")   # the reference answers saved as a learner's; a copy per test
 
 
 @pytest.fixture(scope="module")

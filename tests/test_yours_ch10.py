@@ -6,7 +6,6 @@ around their flash_forward and flash_backward. A wrong saved kernel stops the pa
 the switch, or nothing saved, gives the course's kernels.
 """
 
-import shutil
 
 import numpy as np
 import pytest
@@ -20,16 +19,7 @@ from course_lib.mamba import Mamba, MambaConfig
 from course_lib.yours import fused
 from tests import carried
 
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    return carried.saved_workspace(tmp_path_factory, "10")
-
-
-@pytest.fixture
-def learner(workspace, saved):
-    shutil.copytree(saved / "yours", workspace / "yours")
-    return workspace
+saved, learner = carried.fixtures("10")   # the reference answers saved as a learner's; a copy per test
 
 
 def test_the_payoff_trains_both_models_on_the_learners_kernels(saved, monkeypatch):
@@ -91,7 +81,7 @@ def test_a_wrong_kernel_stops_the_payoff_at_once_named(learner):
     assert "kernels" not in namespace                           # stopped in the first cell, before any model ran
 
 
-def test_switched_off_or_nothing_saved_the_courses_kernels_run(learner, workspace, tmp_path, monkeypatch, capsys):
+def test_switched_off_or_nothing_saved_the_courses_kernels_run(learner, tmp_path, monkeypatch, capsys):
     yours.use("10", False)
     try:
         kernels = fused.assemble()

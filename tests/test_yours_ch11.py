@@ -3,7 +3,6 @@ on 2 worker processes with the learner's ring, DDP, ZeRO-1 wrapper and tensor-pa
 does; the workers run the learner's saved file, not the notebook; one wrong piece stops the assembly at
 once, named; the switch gives the course's pieces."""
 
-import shutil
 
 import carried
 import nbformat
@@ -17,19 +16,7 @@ from course_lib.yours import distributed
 SIX = "ring_all_reduce, DDP, ZeroOptimizer, CopyToParallel, ReduceFromParallel, ParallelMLP"
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """A workspace where solutions/11's checks passed, so work/yours/ch11.py holds the reference answers."""
-    return carried.saved_workspace(tmp_path_factory, "11")
-
-
-@pytest.fixture
-def learner(saved, tmp_path, monkeypatch):
-    """A copy of the saved workspace, as the current one (a test may change a piece in it)."""
-    work = tmp_path / "work"
-    shutil.copytree(saved, work)
-    monkeypatch.setenv("COURSE_WORKSPACE", str(work))
-    return work
+saved, learner = carried.fixtures("11")   # the reference answers saved as a learner's; a copy per test
 
 
 def test_the_learners_pieces_train_the_gpt_in_the_workers_as_one_process(learner, tmp_path, capsys):

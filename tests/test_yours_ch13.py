@@ -2,7 +2,6 @@
 capstone GPT's training step, equal to chapter 12's eager step in float64; a wrong saved piece stops the
 assembly named; the switch gives the course's pieces; the payoff stops at once on a wrong piece."""
 
-import shutil
 
 import nbformat
 import numpy as np
@@ -24,15 +23,7 @@ from tests import carried
 CONFIG = GPTConfig(vocab_size=17, block_size=10, n_layer=2, n_head=2, n_embd=12, dropout=0.0)
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    return carried.saved_workspace(tmp_path_factory, "13") / "yours"
-
-
-@pytest.fixture
-def learner(workspace, saved):
-    shutil.copytree(saved, workspace / "yours")
-    return workspace
+saved, learner = carried.fixtures("13")   # the reference answers saved as a learner's; a copy per test
 
 
 def counted(fn, calls, name):

@@ -55,10 +55,11 @@ def estimate_loss(model, get_batch, eval_iters):
     return out
 
 
-def train(model, get_batch, cfg: TrainConfig):
+def train(model, get_batch, cfg: TrainConfig, make_optimizer=configure_optimizer):
     """Train for cfg.max_iters steps; returns the history (as chapter 04's `train`, without the progress bar):
-    iter, lr, loss per step; eval_iter, train_loss, val_loss per evaluation; ms_per_iter (median step)."""
-    optimizer = configure_optimizer(model, cfg)
+    iter, lr, loss per step; eval_iter, train_loss, val_loss per evaluation; ms_per_iter (median step).
+    make_optimizer(model, cfg) makes the optimizer (chapter 12's payoff passes one whose update is yours)."""
+    optimizer = make_optimizer(model, cfg)
     history = {"iter": [], "lr": [], "loss": [], "eval_iter": [], "train_loss": [], "val_loss": []}
     step_ms = []
 

@@ -335,3 +335,254 @@ def matmul(your_matmul):
                                if run == 0 else "this product was right on an earlier run: ")
                          + _RACE.replace("reduced dim", "k dim"))
     return f"4 random odd sizes, one with a long k, one operand transposed, each run {repeats} times"
+
+
+# ---- 7. flat kernels for contiguous operands ------------------------------------------------------
+
+# How an operand is read by a contiguous output seen as rows of `cols`: row r starts at r * row_step,
+# and the operand moves along the row (spread) or repeats that one number.
+LAYOUTS = {"the output's shape": "full", "a row, repeated on every row": "row",
+           "one number per row": "column", "one number": "one"}
+
+
+def _layout(kind, rows, cols):
+    """(row_step, spread, number of elements the operand holds) for a kind of LAYOUTS."""
+    return {"full": (cols, True, rows * cols), "row": (0, True, cols), "column": (1, False, rows),
+            "one": (0, False, 1)}[kind]
+
+
+def _read(x, row_step, spread, rows, cols):
+    """The (rows, cols) grid an operand stored in x gives under (row_step, spread)."""
+    r, j = np.arange(rows)[:, None], np.arange(cols)[None, :]
+    return x[r * row_step + (j if spread else 0 * j)]
+
+
+def _padded(size):
+    """A random operand of `size` elements inside random padding: reading past it reads wrong numbers."""
+    buffer = rng().uniform(-2, 2, size=size + 2 * PAD)
+    return buffer, buffer[PAD:PAD + size]
+
+
+@exercise
+def flat_kernels(your_flat_map, your_flat_zip):
+    """flat_map(fn, out, a): out[i] = fn(a[i]); flat_zip(fn, out, cols, a, a_row, a_spread, b, b_row, b_spread)."""
+    _compiled(your_flat_map, "flat_map")
+    _compiled(your_flat_zip, "flat_zip")
+    for size in (1, int(rng().integers(2, 40)), 4097 + int(rng().integers(0, 50))):
+        _, a = _padded(size)
+        out_buffer, out = _padded(size)
+        before = out_buffer.copy()
+        your_flat_map(_wiggle, out, a)
+        require(np.array_equal(out_buffer[:PAD], before[:PAD]) and np.array_equal(out_buffer[-PAD:], before[-PAD:]),
+                f"your flat_map wrote outside its output (of {size} elements).", hint="loop over range(out.size).")
+        assert_close(out, a**3 - 2 * a, what=f"flat_map's out ({size} elements)", rtol=1e-12, atol=1e-12)
+    kinds = list(LAYOUTS.values())
+    pairs = [("full", "full"), ("full", "row"), ("column", "full"), ("one", "row"), ("row", "column"),
+             ("full", "one")] + [(kinds[int(i)], kinds[int(j)]) for i, j in rng().integers(0, 4, size=(2, 2))]
+    for a_kind, b_kind in pairs:
+        rows, cols = int(rng().integers(1, 9)), int(rng().integers(1, 12))
+        a_row, a_spread, a_size = _layout(a_kind, rows, cols)
+        b_row, b_spread, b_size = _layout(b_kind, rows, cols)
+        (_, a), (_, b) = _padded(a_size), _padded(b_size)
+        out_buffer, out = _padded(rows * cols)
+        before = out_buffer.copy()
+        your_flat_zip(_combine, out, cols, a, a_row, a_spread, b, b_row, b_spread)
+        require(np.array_equal(out_buffer[:PAD], before[:PAD]) and np.array_equal(out_buffer[-PAD:], before[-PAD:]),
+                f"your flat_zip wrote outside its output ({rows} rows of {cols}).",
+                hint="row r of the output is out[r * cols:(r + 1) * cols], for r in range(out.size // cols).")
+        x, y = _read(a, a_row, a_spread, rows, cols), _read(b, b_row, b_spread, rows, cols)
+        name = {v: k for k, v in LAYOUTS.items()}
+        assert_close(out.reshape(rows, cols), 2 * x - y * y,
+                     what=f"flat_zip's out ({rows} rows of {cols}; a: {name[a_kind]}, b: {name[b_kind]})",
+                     rtol=1e-12, atol=1e-12,
+                     inputs={"a_row": a_row, "a_spread": a_spread, "b_row": b_row, "b_spread": b_spread},
+                     mistakes={"a and b are swapped: out = fn(a's number, b's number)": 2 * y - x * x},
+                     hint="row r of an operand starts at r * row_step (not r * cols: only an operand of the "
+                          "output's shape has rows that long); inside the row, read at the column if it is "
+                          "spread, else at 0.")
+    return f"flat_map on 3 sizes; flat_zip on {len(pairs)} pairs of the four cases (a row, a column, one number, full)"
+
+
+# ---- 8. which operands read flat ------------------------------------------------------------------
+
+# Drawn on every run: each case of the rule, with the classic traps (a lower rank aligned on the right,
+# a size-1 output dim, an operand with one number per row of a smaller grid, which no single step reads).
+LAYOUT_FIXED = [((4, 3, 5), (4, 3, 5)), ((), ()), ((), (3, 4)), ((1,), (6,)), ((1, 1), (3, 1)),
+                ((5,), (4, 3, 5)), ((1, 5), (3, 5)), ((7,), (7, 7)), ((3, 1), (3, 5)), ((2, 3, 1), (2, 3, 5)),
+                ((3, 1), (3, 1)), ((3, 1), (2, 3, 5)), ((3, 5), (2, 3, 5)), ((2, 1, 5), (2, 3, 5)),
+                ((1, 3, 1), (2, 3, 1)), ((4, 1, 1), (4, 3, 2)), ((2, 4), (1, 2, 4)), ((3, 1), (1, 3, 1))]
+
+
+def _reads(shape, out_shape):
+    """For each element of out_shape (row-major), the flat index of the contiguous operand it reads."""
+    index = np.arange(int(np.prod(shape))).reshape(shape) if shape else np.arange(1).reshape(())
+    return np.broadcast_to(index, out_shape).reshape(-1)
+
+
+def _reads_with(layout, out_shape):
+    cols = out_shape[-1] if out_shape else 1
+    rows = int(np.prod(out_shape)) // cols if cols else 0
+    row_step, spread = layout
+    r, j = np.arange(rows)[:, None], np.arange(cols)[None, :]
+    return (r * row_step + (j if spread else 0 * j)).reshape(-1)
+
+
+def _best_layout(shape, out_shape):
+    """The first of the four cases whose reads are broadcasting's, or None."""
+    cols = out_shape[-1] if out_shape else 1
+    truth = _reads(shape, out_shape)
+    for layout in ((cols, True), (0, False), (0, True), (1, False)):
+        if np.array_equal(_reads_with(layout, out_shape), truth):
+            return layout
+    return None
+
+
+@exercise
+def row_layout(your_row_layout):
+    """row_layout(shape, out_shape) -> (row_step, spread) for the flat kernels, or None."""
+    cases = list(LAYOUT_FIXED)
+    for _ in range(12):
+        out_shape = tuple(int(n) for n in rng().integers(2, 6, size=int(rng().integers(1, 4))))
+        start = int(rng().integers(0, len(out_shape) + 1))
+        shape = tuple(1 if rng().random() < 0.4 else n for n in out_shape[start:])
+        cases.append((shape, out_shape))
+    names = {True: "spread", False: "not spread"}
+    for shape, out_shape in cases:
+        expected = _best_layout(shape, out_shape)
+        yours = your_row_layout(shape, out_shape)
+        inputs = {"shape": shape, "out_shape": out_shape}
+        if yours is None:
+            if expected is not None:
+                raise CheckFailed(
+                    f"row_layout{(shape, out_shape)} returned None, but a contiguous operand of shape {shape} under "
+                    f"an output {out_shape} reads flat: row_step {expected[0]}, {names[expected[1]]}.\n  hint: pad "
+                    f"the shape with 1s on the left to the output's rank before you compare; a size-1 operand is "
+                    f"one number.")
+            continue
+        require(isinstance(yours, (tuple, list)) and len(yours) == 2,
+                f"row_layout{(shape, out_shape)} should return (row_step, spread) or None, got {fmt(yours)}.")
+        layout = (int(yours[0]), bool(yours[1]))
+        if expected is None:
+            raise CheckFailed(
+                f"row_layout{(shape, out_shape)} returned {layout}, but no (row_step, spread) reads a contiguous "
+                f"operand of shape {shape} the way broadcasting to {out_shape} does; return None there.\n  hint: "
+                f"an operand whose dims other than the last are neither all 1 nor the output's own has one "
+                f"number (or one row) per row of a smaller grid, which repeats: no single step reads it.")
+        assert_close(_reads_with(layout, out_shape), _reads(shape, out_shape),
+                     what=f"the operand elements your layout {layout} reads for shape {shape} under {out_shape}",
+                     atol=0, rtol=0, inputs=inputs,
+                     hint=f"the rule's answer is {expected}: cols = out_shape[-1], and shapes align on the right.")
+    return f"{len(LAYOUT_FIXED)} fixed pairs of shapes (every case and its traps) and 12 random ones"
+
+
+# ---- 9. a strided copy, one position per row ------------------------------------------------------
+
+@exercise
+def strided_copy(your_strided_copy):
+    """strided_copy(out, out_shape, out_strides, a, a_strides): out[i] = a[i], views with their own strides."""
+    _compiled(your_strided_copy, "strided_copy")
+    cases = [("contiguous", "permuted", 3), ("sliced", "sliced", 2), ("permuted", "broadcast", 3),
+             ("sliced", "permuted", 4), ("contiguous", "sliced", 1), ("permuted", "contiguous", 2)]
+    for out_kind, a_kind, ndim in cases:
+        shape = _odd_shape(ndim)
+        a, out = View(shape, a_kind), View(shape, out_kind)
+        before = out.buffer.copy()
+        your_strided_copy(out.storage, _ints(out.shape), out.strides, a.storage, a.strides)
+        require(out.padding_intact(before), f"your copy wrote outside its output view (a {out_kind} view of shape "
+                f"{out.shape}).", hint="write only at positions of the output view: row starts from position(), "
+                "then steps of out_strides[-1].")
+        assert_close(out.numpy(), a.numpy(), what=f"the copy into a {out_kind} view of a {a_kind} view", atol=0,
+                     rtol=0, inputs={"shape": shape, "a_strides": tuple(a.strides), "out_strides": tuple(out.strides)},
+                     mistakes={"you read a as if it were contiguous: use a_strides": a.as_if_contiguous()},
+                     hint="row r starts at ordinal r * out_shape[-1]: its place in each view comes from position() "
+                          "with that view's strides; then step along the row by each view's last stride.")
+    for shape in ((3, 0), (0, 4)):                  # nothing to copy, nothing to divide by
+        out = View(shape, "contiguous")
+        your_strided_copy(out.storage, _ints(shape), out.strides, View(shape, "contiguous").storage, out.strides)
+    return f"{len(cases)} random pairs of views (permuted, sliced, broadcast), and two empty shapes"
+
+
+# ---- 10. sums down the columns --------------------------------------------------------------------
+
+@exercise
+def sum_columns(your_sum_columns):
+    """sum_columns(out, a, n, m): out[o * m + j] = sum over k of a[(o * n + k) * m + j], a contiguous."""
+    _compiled(your_sum_columns, "sum_columns")
+    cases = [(1, int(rng().integers(2, 30)), int(rng().integers(2, 20))),
+             (int(rng().integers(2, 5)), int(rng().integers(1, 9)), int(rng().integers(2, 9))),
+             (3, 1, 5), (1, 301, 2), (2, 7, 1029)]
+    for outer, n, m in cases:
+        buffer, _ = _padded(outer * n * m)
+        for dtype in (np.float64, np.float32):
+            x = buffer.astype(dtype)[PAD:PAD + outer * n * m]    # padded: reading past a reads wrong numbers
+            out = rng().uniform(-1, 1, size=outer * m)
+            garbage = out.copy()
+            your_sum_columns(out, x, n, m)
+            grid = x.astype(np.float64).reshape(outer, n, m)
+            assert_close(out, grid.sum(axis=1).reshape(-1),
+                         what=f"the column sums of a ({outer}, {n}, {m}) {dtype.__name__} array",
+                         rtol=1e-10, atol=1e-10, inputs={"outer": outer, "n": n, "m": m},
+                         mistakes={"out was not zero when you started adding: set its slice to 0 first":
+                                   garbage + grid.sum(axis=1).reshape(-1),
+                                   "those are the sums of the first block only: there are out.size // m blocks":
+                                   np.concatenate([grid[0].sum(0)] * outer)},
+                         hint="out[o * m + j] adds up a[(o * n + k) * m + j] for k = 0 .. n - 1.")
+    return f"{len(cases)} shapes (outer, n, m), float64 and float32, out holding garbage at the start"
+
+
+# ---- 11. products through BLAS --------------------------------------------------------------------
+
+def _traced_peak(fn, *args):
+    """(fn's result, the bytes numpy allocated at the peak of the call, beyond what it returns)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        result = fn(*args)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    return result, peak - getattr(result, "nbytes", 0)
+
+
+@exercise
+def blas_matmul(your_blas_matmul):
+    """blas_matmul(a, a_shape, a_strides, b, b_shape, b_strides) -> the product of two strided views."""
+    require(not hasattr(your_blas_matmul, "py_func"),
+            "`blas_matmul` is compiled with Numba; make it a plain Python function.",
+            hint="inside @njit, np.dot calls scipy's copy of OpenBLAS, a second BLAS with its own threads; "
+                 "from Python, np.matmul calls numpy's.")
+    cases = [((2, 3), "contiguous", "permuted"), ((1, 2), "sliced", "contiguous"), ((2, 4), "permuted", "broadcast"),
+             ((3, 2), "broadcast", "sliced")]
+    for (ra, rb), a_kind, b_kind in cases:
+        n, k, m = (int(v) for v in rng().integers(1, 9, size=3))
+        batch = tuple(int(v) for v in rng().integers(1, 4, size=max(ra, rb) - 2))
+        a = View(batch[len(batch) - (ra - 2):] + (n, k), a_kind)
+        b = View(tuple(1 if rng().random() < 0.5 else d for d in batch[len(batch) - (rb - 2):]) + (k, m), b_kind)
+        for dtype in (np.float64, np.float32):
+            sa, sb = a.storage.astype(dtype), b.storage.astype(dtype)
+            yours = your_blas_matmul(sa, _ints(a.shape), a.strides, sb, _ints(b.shape), b.strides)
+            expected = np.matmul(a.numpy(), b.numpy())
+            require(isinstance(yours, np.ndarray), f"return a numpy array, got {type(yours).__name__}.")
+            require(yours.dtype == dtype, f"the product of two {dtype.__name__} views came back as {yours.dtype}.",
+                    hint="let np.matmul pick the dtype from the operands")
+            assert_close(yours, expected, what=f"the product of a {a_kind} {a.shape} and a {b_kind} {b.shape} "
+                         f"view ({dtype.__name__})", rtol=1e-5 if dtype == np.float32 else 1e-12,
+                         atol=1e-5 if dtype == np.float32 else 1e-12,
+                         inputs={"a_strides": tuple(a.strides), "b_strides": tuple(b.strides)},
+                         mistakes={"you read the storages as if they were contiguous: use the strides":
+                                   np.matmul(a.as_if_contiguous(), b.as_if_contiguous())})
+    # Memory: a transposed weight, as in x @ W.T, read in place by gemm. A copy of it shows in the peak.
+    x, w = View((48, 400), "contiguous"), View((40, 400), "contiguous")
+    wt_strides = w.strides[::-1].copy()
+    result, extra = _traced_peak(your_blas_matmul, x.storage, _ints((48, 400)), x.strides, w.storage,
+                                 _ints((400, 40)), wt_strides)
+    assert_close(result, x.numpy() @ w.numpy().T, what="x @ w.T with w's transpose as a view", rtol=1e-12, atol=1e-12)
+    operand = 400 * 40 * 8
+    require(extra < operand // 2,
+            f"multiplying a (48, 400) view by a transposed (400, 40) view allocated {extra:,} bytes beyond the "
+            f"result: a copy of an operand ({operand:,} bytes). gemm reads a transposed matrix in place.",
+            hint="make numpy views of the storages with the given strides (in bytes) and hand them to np.matmul "
+                 "as they are; no ascontiguousarray, copy or reshape on the way.")
+    return f"{len(cases)} pairs of strided views with broadcast batch dims, float32 and float64, and no copy of x @ w.T"

@@ -6,6 +6,7 @@ Layers, one idea per file:
     numpy_backend.py  the numpy reference backend
     autodiff.py       Function, Context, no_grad, and the backward pass
     functions.py      every op: its forward and, beside it, its derivative rule
+    registry.py       which Function each op applies (`use_ops` puts others in)
     tensor.py         the Tensor class and its torch-like API
     nn.py, optim.py   modules and optimizers
     data.py           a tiny DataLoader
@@ -29,6 +30,7 @@ from course_lib.tensor.backend import (  # noqa: F401
     use_backend,
 )
 from course_lib.tensor.data import DataLoader  # noqa: F401,E402
+from course_lib.tensor.registry import OPS, use_ops  # noqa: F401,E402
 from course_lib.tensor.tensor import (  # noqa: F401,E402
     Tensor,
     arange,

@@ -126,11 +126,13 @@ def topological_order(root) -> list:
     return order
 
 
-def backward(root, grad) -> None:
-    """Push d(root)/d(root) = grad back through the graph; leaves accumulate `.grad`."""
+def backward(root, grad, order=topological_order) -> None:
+    """Push d(root)/d(root) = grad back through the graph; leaves accumulate `.grad`.
+
+    order(root): the tensors root depends on, each after its inputs (registry.py lets another one in)."""
     grads = {id(root): grad}
     with no_grad():
-        for node in reversed(topological_order(root)):
+        for node in reversed(order(root)):
             g = grads.pop(id(node), None)
             if g is None:
                 continue

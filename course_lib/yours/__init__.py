@@ -9,13 +9,17 @@ When a check passes in your exercise notebook, your functions are saved in work/
 and gets yours where you passed the check, the course's reference where you did not (or where
 `yours.use("01", False)` chose the reference), with one line saying which is which. Before a
 saved piece is used, its check runs again, so a piece that has stopped passing is named at
-once instead of failing deep inside a later chapter.
+once instead of failing deep inside a later chapter. It runs again once per version of the saved
+module and of the check (work/yours/chNN.verified.json remembers which versions passed): some
+checks compile kernels for a minute, and code that has not changed cannot have stopped passing.
 """
 
 import contextlib
+import hashlib
 import importlib
 import importlib.util
 import io
+import json
 import sys
 
 from course_lib import keep as store
@@ -42,6 +46,22 @@ def load(chapter):
     return module
 
 
+def _version(chapter):
+    """A fingerprint of the saved module (all of the chapter's pieces, as they are loaded) and of the
+    check module that passes them."""
+    checks = importlib.import_module(f"course_lib.checks.ch{chapter}")
+    with open(checks.__file__, "rb") as f:
+        return hashlib.sha256(store.module_path(chapter).read_bytes() + f.read()).hexdigest()
+
+
+def _verified(chapter):
+    path = store.folder() / f"ch{chapter}.verified.json"
+    try:
+        return path, json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return path, {}
+
+
 def _verify(chapter, exercise, args, names=()):
     """Run the exercise's check again on the saved functions; CheckFailed names the piece if they fail."""
     check = getattr(importlib.import_module(f"course_lib.checks.ch{chapter}"), exercise)
@@ -66,14 +86,19 @@ def pieces(chapter, reference, verify=True, quiet=False):
     chosen, mine = dict(reference), []
     saved = store.index(chapter) if _choice.get(chapter, True) else {}
     module = load(chapter) if saved else None
+    stamps, passed = _verified(chapter)
+    version = _version(chapter) if saved and verify else None
     for exercise, piece in saved.items():
         wanted = [n for n in piece["names"] if n in reference]
         if not wanted:
             continue
         constants = piece.get("constants", {})  # the check's other arguments: a block size, say
         funcs = [getattr(module, n, None) if n else constants.get(str(i)) for i, n in enumerate(piece["names"])]
-        if verify:
+        if verify and passed.get(exercise) != version:
             _verify(chapter, exercise, funcs, piece["names"])
+            passed[exercise] = version
+            with contextlib.suppress(OSError):    # a read-only workspace: the check runs each time
+                stamps.write_text(json.dumps(passed, indent=1))
         for n, f in zip(piece["names"], funcs):
             if n in reference and f is not None:
                 chosen[n] = f
