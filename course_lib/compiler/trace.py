@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 from course_lib.compiler.ir import CONST, INPUT, SCRATCH, STATE, TEMP, Buffer, Graph, Node, Ref, Slot, View
-from course_lib.tensor import Tensor, autodiff, nn, optim
+from course_lib.tensor import OPS, Tensor, autodiff, nn, optim
 from course_lib.tensor import backend as backend_module
 from course_lib.tensor import functions as F
 from course_lib.tensor.backend import Backend, current_backend, register_backend, use_backend
@@ -206,8 +206,16 @@ def tensors_in(value, out, depth=0):
 LIBRARY = {"Embedding": F.Embedding, "CrossEntropy": F.CrossEntropy}   # as imported (a learner's swap aside)
 
 
+def _routed(fn):
+    """The Function that `fn` runs: fn itself, or the one named `inner` by a Function that only routes the
+    calls of another (chapter 12's assembly routes each op through its meter: ch12_capstone.Routed)."""
+    inner = getattr(fn, "inner", None)
+    return inner if isinstance(inner, type) else fn
+
+
 def _is(fn, library_fn):
-    """fn is the library's op, or a subclass that keeps its forward (and so its meaning)."""
+    """fn is the library's op, or a subclass that keeps its forward (and so its meaning), or routes it."""
+    fn = _routed(fn)
     return isinstance(fn, type) and issubclass(fn, library_fn) and fn.forward is library_fn.forward
 
 
@@ -268,7 +276,7 @@ class Tracer:
 
     # ---- the op mode
     def apply(self, fn, inputs, kwargs, run):
-        if _is(fn, LIBRARY["CrossEntropy"]):
+        if _is(fn, LIBRARY["CrossEntropy"]) or fn is OPS.CrossEntropy:   # the library's, or one swapped in
             self.one_hot(inputs[1])
         scope = Scope(fn, "forward", len(self.nodes), [t for t in inputs if isinstance(t, Tensor)], kwargs)
         self.scopes.append(scope)
@@ -280,7 +288,10 @@ class Tracer:
         return out
 
     def backward(self, fn, ctx, grad, run):
-        scope = Scope(fn, "backward", len(self.nodes), [grad] + tensors_in(ctx, []), ctx=ctx)
+        held = tensors_in(ctx, [])
+        if id(ctx) in self.island_of_ctx:   # a forward island's ctx: what that island made (not graph memory),
+            held = [t for t in held if id(t.data.storage) in self.by_storage]   # its replay makes again
+        scope = Scope(fn, "backward", len(self.nodes), [grad] + held, ctx=ctx)
         self.scopes.append(scope)
         try:
             grads = run()
@@ -349,7 +360,7 @@ class Tracer:
     def lower_embedding(self, scope, outs):
         """The library's Embedding as a gather node (forward) and a scatter-add node (backward, if it is
         the library's), instead of islands; False where the layouts are not the plain ones."""
-        fn = scope.fn
+        fn = _routed(scope.fn)
         library = LIBRARY["Embedding"]
         if not _is(fn, library) or (scope.phase == "backward" and fn.backward is not library.backward):
             return False
