@@ -1,6 +1,7 @@
 """Chapter 13 carried forward: the learner's saved record, can_join, pointwise_source and guard compile the
 capstone GPT's training step, equal to chapter 12's eager step in float64; a wrong saved piece stops the
-assembly named; the switch gives the course's pieces; the payoff stops at once on a wrong piece."""
+assembly named; the switch gives the course's pieces; the payoff stops at once on a wrong piece; with
+chapter 12 saved too, the payoff compiles the learner's own chapter 12 GPT, equal to its eager step."""
 
 
 import nbformat
@@ -18,12 +19,17 @@ from course_lib.gpt.model import GPT as TorchGPT
 from course_lib.gpt.model import GPTConfig
 from course_lib.gpt.trainer import TrainConfig
 from course_lib.yours import compiler
-from tests import carried
+from tests import carried, test_yours_ch12
 
 CONFIG = GPTConfig(vocab_size=17, block_size=10, n_layer=2, n_head=2, n_embd=12, dropout=0.0)
 
 
 saved, learner = carried.fixtures("13")   # the reference answers saved as a learner's; a copy per test
+
+
+def _save_with_chapter_12(work):
+    test_yours_ch12._save_all(work)   # chapters 01, 02, 06 and 12: chapter 12's assembly runs them all
+    carried.save_reference("13", work)
 
 
 def counted(fn, calls, name):
@@ -84,3 +90,23 @@ def test_the_payoff_stops_at_once_on_a_wrong_piece(learner):
     (cell, error), *_ = errors
     assert cell == 0 and error.ename == "CheckFailed" and "your saved `guard`" in error.evalue
     assert "another dtype" in error.evalue
+
+
+def test_the_payoff_compiles_the_learners_chapter_12_gpt(tmp_path_factory, monkeypatch):
+    """Chapters 01, 02, 06, 12 and 13 saved: the payoff's GPT is the learner's chapter 12 assembly, compiled by
+    their compiler; their numpy backwards (Embedding, matmul_backward, cross-entropy) replay as islands, and
+    the compiled losses and gradients equal the eager step's on their library within 1e-12."""
+    work = carried.saved_workspace(tmp_path_factory, "13", save=_save_with_chapter_12)
+    monkeypatch.setenv("COURSE_WORKSPACE", str(work))
+    monkeypatch.delenv("COURSE_PROGRESS_FILE", raising=False)
+    namespace, out = carried.run_payoff("13")
+    assert "chapter 13: your record, can_join, pointwise_source, guard" in out
+    assert ("chapter 12: your Softmax, GELU, LayerNorm, Embedding, MaskedFill, causal_self_attention" in out
+            and "chapter 02: your Mul, Sum, matmul_backward" in out), out
+    parts, step = namespace["parts"], namespace["step"]
+    assert parts.functions["Embedding"].whose == "yours" and parts.functions["MatMul"].whose == "yours"
+    for op in ("Embedding.backward", "MatMul.backward", "CrossEntropy.forward"):
+        assert f"{op} works outside the backend" in out, out
+    assert step.stats.eager == 0 and step.stats.replays >= 17 and step.program.counts()["island"] > 0   # 17 equal ones, then the timing
+    assert max(namespace["gaps"]) <= 1e-12 and namespace["grad_gap"] <= 1e-12
+    assert "losses equal within 1e-12: True; every gradient equal within 1e-12: True" in out
