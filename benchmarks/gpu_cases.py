@@ -84,7 +84,7 @@ def check_imports():
     failed = []
     for name in ("course_lib.custom_ops.cpp", "course_lib.custom_ops.numba_cuda", "course_lib.cuda.backend",
                  "course_lib.fused.scan_op", "course_lib.fused.attention_op", "course_lib.distributed.launch",
-                 "course_lib.distributed.workers", "course_lib.data", "sklearn.datasets"):
+                 "course_lib.distributed.collectives", "course_lib.data", "sklearn.datasets"):
         try:
             __import__(name)
         except Exception as e:   # noqa: BLE001
@@ -659,19 +659,40 @@ def _(env):
     if not avail:
         raise Skip(f"this torch build has no NCCL (torch {torch.__version__})")
     from course_lib.distributed import launch as dist_launch
-    from course_lib.distributed import workers
 
     lengths = [7, 1001]
     start = time.perf_counter()
-    [pairs] = dist_launch(workers.ring_matches_all_reduce, 1, lengths, backend="nccl", timeout=60, wall_timeout=180)
+    [pairs] = dist_launch(ring_matches_all_reduce, 1, lengths, backend="nccl", timeout=60, wall_timeout=180)
     checks = []
     for n, (ring, allreduce) in zip(lengths, pairs):
-        x = workers.ring_input(n, 0)
+        x = ring_input(n, 0)
         checks += [(f"ring n={n}", ring, x, 0.0), (f"all_reduce n={n}", allreduce, x, 0.0)]
     version = torch.cuda.nccl.version()
     nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     return worst(checks, f"NCCL {nccl}; one spawned process through course_lib.distributed.launch, "
                          f"{time.perf_counter() - start:.0f} s")
+
+
+def ring_input(n, rank, seed=0):
+    """Rank `rank`'s random float64 vector of length n (the parent draws the same ones to sum them)."""
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed * 100_003 + n * 17 + rank), dtype=torch.float64)
+
+
+def ring_matches_all_reduce(lengths, seed=0):
+    """In each rank: [(chapter 11's ring all-reduce, dist.all_reduce)] of its ring_input(n), for each length n."""
+    import torch.distributed as dist
+
+    from course_lib.distributed.collectives import ring_all_reduce
+    from course_lib.distributed.launch import device
+
+    out = []
+    for n in lengths:
+        x = ring_input(n, dist.get_rank(), seed).to(device())
+        a, b = x.clone(), x.clone()
+        ring_all_reduce(a)
+        dist.all_reduce(b)
+        out.append((a.cpu(), b.cpu()))
+    return out
 
 
 # ---- figures --------------------------------------------------------------------------------------------
