@@ -18,9 +18,9 @@ from course_lib.progress import workspace_dir
 # The chapters whose closing cells run the code that a chapter's checks keep (assembled by
 # course_lib.yours). A pass line names them, so the learner knows where their code goes next.
 USED_BY = {
-    "01": ["01", "12"],
-    "02": ["02", "06", "12"],
-    "06": ["06", "12"],
+    "01": ["01", "12", "13"],
+    "02": ["02", "06", "12", "13"],
+    "06": ["06", "12", "13"],
     "07": ["07"],
     "09": ["09"],
     "10": ["10"],

@@ -178,7 +178,7 @@ def test_pass_line_says_where_the_code_is_kept(workspace, monkeypatch, capsys):
     ch00.numerical_derivative(ns["numerical_derivative"])
     out = capsys.readouterr().out
     assert "passed" in out and "; kept in work/yours/ch00.py" in out, out
-    assert keep.used_by("02") == ", which the closing cells of chapters 02, 06 and 12 run"
+    assert keep.used_by("02") == ", which the closing cells of chapters 02, 06, 12 and 13 run"
     assert keep.used_by("12") == ", which the closing cells of chapters 12 and 13 run"
 
 
