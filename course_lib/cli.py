@@ -24,7 +24,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from course_lib import CHECKOUT, REPO_DIR, build, keep, launch, nbtools, progress, workspace
+from course_lib import CHECKOUT, REPO_DIR, build, launch, nbtools
+from course_lib.learner import answers, progress, workspace
 
 GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
 
@@ -55,7 +56,7 @@ def cmd_status(args):
     done = progress.load()
     rows, counts = [], []
     for _, ex in build.pairs():
-        results, saved = done.get(ex.name[:2], {}), keep.index(ex.name[:2])
+        results, saved = done.get(ex.name[:2], {}), answers.index(ex.name[:2])
         names = build.check_names(nbtools.read(ex))
         n_passed = 0
         for i, name in enumerate(names):
@@ -122,8 +123,8 @@ def cmd_check(args):
         done.append(ok)
         mark = f"{GREEN}passed{RESET}" if ok else f"{RED}failed{RESET}"
         print(f"  [{len(done)}/{total}] {mark}  {name}  ({seconds:.1f} s)", flush=True)
-        if ok and name in keep.index(chapter):
-            print(f"          kept in work/yours/ch{chapter}.py{keep.used_by(chapter)}", flush=True)
+        if ok and name in answers.index(chapter):
+            print(f"          kept in work/yours/ch{chapter}.py{answers.used_by(chapter)}", flush=True)
         if msg:
             print(_wrap(msg, "          "), flush=True)
 

@@ -60,7 +60,7 @@ def setup(expected_version, run=subprocess.run, workspace=WORKSPACE):
     if todo:
         run([sys.executable, "-m", "pip", "install", "-q", *todo], check=True)
         importlib.invalidate_caches()
-    # A check that passes keeps the code where the closing cells look for it (course_lib.keep).
+    # A check that passes keeps the code where the closing cells look for it (course_lib.learner.answers).
     os.environ.setdefault("COURSE_WORKSPACE", str(workspace))
     os.environ.setdefault("COURSE_PROGRESS_FILE", str(Path(os.environ["COURSE_WORKSPACE"]) / ".progress.json"))
     added = f" (added {', '.join(r.split('==')[0] for r in todo)})" if todo else ""

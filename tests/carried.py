@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 from course_lib import REPO_DIR, nbtools
-from course_lib import keep as store
+from course_lib.learner import answers
 
 
 def solution_notebook(chapter):
@@ -30,16 +30,16 @@ def save_reference(chapter, workspace, drop_payoff=True):
     nb = nbtools.execute(nb, cwd=folder, allow_errors=True)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, f"the reference solutions of chapter {chapter} failed: {errors[0].ename}: {errors[0].evalue}"
-    assert store.index(chapter), f"chapter {chapter}'s checks passed but saved nothing in {store.folder()}"
+    assert answers.index(chapter), f"chapter {chapter}'s checks passed but saved nothing in {answers.folder()}"
     return nb
 
 
 def break_piece(chapter, exercise, old, new):
     """Replace `old` with `new` in the saved source of one exercise (a wrong piece, as if saved by a pass)."""
-    pieces = store.index(chapter)
+    pieces = answers.index(chapter)
     source = pieces[exercise]["source"]
     assert old in source, f"{old!r} is not in the saved {exercise}:\n{source}"
-    store.save(chapter, exercise, pieces[exercise]["names"], source.replace(old, new, 1), pieces[exercise].get("constants"))
+    answers.save(chapter, exercise, pieces[exercise]["names"], source.replace(old, new, 1), pieces[exercise].get("constants"))
 
 
 def payoff_cells(chapter):

@@ -21,7 +21,7 @@ import nbformat
 import pytest
 
 from course_lib import REPO_DIR, cli
-from course_lib import workspace as ws
+from course_lib.learner import workspace as ws
 
 pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import checks, progress
+from course_lib import checks
 from course_lib.checks import CheckFailed, assert_close, assert_equal, exercise
+from course_lib.learner import progress
 
 
 @settings(max_examples=30, deadline=None)

@@ -8,8 +8,9 @@ import shutil
 import nbformat
 import pytest
 
-from course_lib import REPO_DIR, cli, progress
-from course_lib import workspace as ws
+from course_lib import REPO_DIR, cli
+from course_lib.learner import progress
+from course_lib.learner import workspace as ws
 
 
 @pytest.fixture
@@ -167,8 +168,8 @@ def test_course_check_reports_progress_and_skips_the_payoff_after_a_failure(work
 
 
 def test_pass_line_says_where_the_code_is_kept(workspace, monkeypatch, capsys):
-    from course_lib import keep
     from course_lib.checks import ch00
+    from course_lib.learner import answers
 
     monkeypatch.setenv("COURSE_PROGRESS_FILE", str(workspace / "progress.json"))
     source = "def numerical_derivative(f, x, h=1e-5):\n    return (f(x + h) - f(x - h)) / (2 * h)\n"
@@ -178,8 +179,8 @@ def test_pass_line_says_where_the_code_is_kept(workspace, monkeypatch, capsys):
     ch00.numerical_derivative(ns["numerical_derivative"])
     out = capsys.readouterr().out
     assert "passed" in out and "; kept in work/yours/ch00.py" in out, out
-    assert keep.used_by("02") == ", which the closing cells of chapters 02, 06, 12 and 13 run"
-    assert keep.used_by("12") == ", which the closing cells of chapters 12 and 13 run"
+    assert answers.used_by("02") == ", which the closing cells of chapters 02, 06, 12 and 13 run"
+    assert answers.used_by("12") == ", which the closing cells of chapters 12 and 13 run"
 
 
 def test_messages_are_wrapped_whole(workspace, capsys, monkeypatch):

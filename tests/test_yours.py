@@ -7,8 +7,8 @@ import nbformat
 import pytest
 
 from course_lib import REPO_DIR, cli, nbtools, yours
-from course_lib import keep as store
 from course_lib.checks import CheckFailed
+from course_lib.learner import answers
 
 SETUP = "from course_lib.checks import ch00 as check\nTWO = 2"
 GOOD = ("class Spread:\n    def __call__(self, f, x, h):\n        return f(x + h) - f(x - h)\n\n\n"
@@ -42,7 +42,7 @@ def test_pass_saves_fail_keeps_and_a_wrong_piece_is_named(workspace, tmp_path, c
     cli.main(["status"])
     row = next(line for line in capsys.readouterr().out.splitlines() if "numerical_derivative" in line)
     assert "yours" in row and "passed" in row
-    saved = store.module_path("00")
+    saved = answers.module_path("00")
     text = saved.read_text()
     assert "class Spread:" in text and "def numerical_derivative(" in text and "TWO = 2" in text
     assert text.index("class Spread:") < text.index("def numerical_derivative(")
@@ -90,7 +90,7 @@ def test_lessons_and_solutions_save_nothing(workspace):
 
 
 def test_capture_takes_what_a_function_reads_from_outside_not_its_locals():
-    from course_lib.capture import names_used
+    from course_lib.learner.capture import names_used
 
     source = "def f(a, b=K):\n    s = a + TWO\n    for i in range(3):\n        s += i\n    return s, np.sum(a)"
     assert names_used(source) == {"K", "TWO", "range", "np"}
@@ -114,7 +114,7 @@ TWO_HERE = 2
 def test_capture_sees_through_a_decorator():
     """A notebook function under a decorator (@torch.no_grad(), say) is captured with the notebook's
     globals, not with those of the decorator's module."""
-    from course_lib.capture import defined_here
+    from course_lib.learner.capture import defined_here
 
     inner = defined_here(_decorated, module=__name__)
     assert inner is _decorated.__wrapped__ and inner.__globals__["TWO_HERE"] == 2

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from course_lib import device, launch, nbtools, yours
-from course_lib import keep as store
 from course_lib.checks import CheckFailed
+from course_lib.learner import answers
 from course_lib.tensor.backend import get_backend
 from course_lib.tensor.numpy_backend import backend as numpy_backend
 from course_lib.tensor.tensor_data import TensorData, slice_view
@@ -37,7 +37,7 @@ def save_exercises(workspace, exercises=EXERCISES):
     nb = nbtools.execute(nb, cwd=workspace / "exercises", allow_errors=True)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, f"{errors[0].ename}: {errors[0].evalue}"
-    assert sorted(store.index("07")) == sorted(exercises)
+    assert sorted(answers.index("07")) == sorted(exercises)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import secrets
 
 import numpy as np
 
-from course_lib import progress
+from course_lib.learner import progress
 
 GREEN, RED, RESET = "\033[32m", "\033[31m", "\033[0m"
 
@@ -88,15 +88,15 @@ def _keep(chapter, name, args, kwargs):
     """Save the passing code in work/yours/ for later chapters; return the words the pass line ends with
     (where it was kept and which chapters run it). The path is said relative to the workspace, so the
     line is the same wherever the notebook runs."""
-    from course_lib import keep
+    from course_lib.learner import answers
 
     try:
-        path = keep.record(chapter, name, args, kwargs)
+        path = answers.record(chapter, name, args, kwargs)
     except Exception as e:  # saving must never turn a pass into an error
         return f"\n(your code passed but could not be saved for later chapters: {type(e).__name__}: {e})"
     if path is None:
         return ""
-    return f"; kept in work/yours/{path.name}{keep.used_by(chapter)}"
+    return f"; kept in work/yours/{path.name}{answers.used_by(chapter)}"
 
 
 # ---- formatting ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from course_lib.capture import defined_here, module_source
+from course_lib.learner.capture import defined_here, module_source
 
 # the fork server imports these once; every worker forked from it starts with them loaded (torch._dynamo
 # is imported by the first optimizer a process makes, and takes longer than torch itself)

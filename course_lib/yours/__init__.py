@@ -1,7 +1,7 @@
 """Your code, carried forward: what you wrote in one chapter runs the chapters after it.
 
 When a check passes in your exercise notebook, your functions are saved in work/yours/chNN.py
-(see `store`). A lesson then asks for the pieces it needs:
+(see `answers`). A lesson then asks for the pieces it needs:
 
     from course_lib import yours
     parts = yours.pieces("01", reference={"mul": ..., "tanh": ...})
@@ -22,8 +22,8 @@ import io
 import json
 import sys
 
-from course_lib import keep as store
 from course_lib.checks import CheckFailed
+from course_lib.learner import answers
 
 _choice = {}  # chapter -> True (the learner's pieces, the default) or False (the course's)
 
@@ -35,7 +35,7 @@ def use(chapter, yours=True):
 
 def load(chapter):
     """The learner's chapter module (work/yours/chNN.py) freshly imported, or None if there is none."""
-    path = store.module_path(chapter)
+    path = answers.module_path(chapter)
     if not path.exists():
         return None
     name = f"course_yours_ch{chapter}"
@@ -51,11 +51,11 @@ def _version(chapter):
     check module that passes them."""
     checks = importlib.import_module(f"course_lib.checks.ch{chapter}")
     with open(checks.__file__, "rb") as f:
-        return hashlib.sha256(store.module_path(chapter).read_bytes() + f.read()).hexdigest()
+        return hashlib.sha256(answers.module_path(chapter).read_bytes() + f.read()).hexdigest()
 
 
 def _verified(chapter):
-    path = store.folder() / f"ch{chapter}.verified.json"
+    path = answers.folder() / f"ch{chapter}.verified.json"
     try:
         return path, json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -72,7 +72,7 @@ def _verify(chapter, exercise, args, names=()):
             check(*args)
     except CheckFailed as e:
         raise CheckFailed(
-            f"your saved {what} ({store.module_path(chapter)}) fails its check again, so it cannot "
+            f"your saved {what} ({answers.module_path(chapter)}) fails its check again, so it cannot "
             f"run here. Fix it in your exercise notebook and pass the check, or run "
             f"`yours.use(\"{chapter}\", False)` to use the course's version.\n{e}") from None
 
@@ -84,7 +84,7 @@ def pieces(chapter, reference, verify=True, quiet=False):
     Prints one line saying which pieces are the learner's and which are the course's.
     """
     chosen, mine = dict(reference), []
-    saved = store.index(chapter) if _choice.get(chapter, True) else {}
+    saved = answers.index(chapter) if _choice.get(chapter, True) else {}
     module = load(chapter) if saved else None
     stamps, passed = _verified(chapter)
     version = _version(chapter) if saved and verify else None

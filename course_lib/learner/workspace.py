@@ -4,7 +4,7 @@
     work/exercises/NN_topic.ipynb   copies of the exercises, to fill in
     work/backups/                   every copy `course reset` replaced, timestamped
     work/course_lib/                a read-only copy of the library's source, to read in JupyterLab
-    work/yours/chNN.py              the learner's passing code (see course_lib.keep)
+    work/yours/chNN.py              the learner's passing code (see course_lib.learner.answers)
     work/.sync.json                 which course version each copy came from
     work/.progress.json             the last result of every check
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import nbformat
 
 from course_lib import REPO_DIR
-from course_lib.progress import workspace_dir
+from course_lib.learner.progress import workspace_dir
 
 KINDS = ("notebooks", "exercises")
 

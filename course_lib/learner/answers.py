@@ -12,8 +12,8 @@ import os
 import tempfile
 import time
 
-from course_lib.capture import defined_here, module_source
-from course_lib.progress import workspace_dir
+from course_lib.learner.capture import defined_here, module_source
+from course_lib.learner.progress import workspace_dir
 
 # The chapters whose closing cells run the code that a chapter's checks keep (assembled by
 # course_lib.yours). A pass line names them, so the learner knows where their code goes next.
@@ -87,7 +87,7 @@ def save(chapter, exercise, names, source, constants=None):
     """Keep `source` as the learner's passing answer to `exercise`; back up what it replaces.
 
     constants: {argument position: number} for the check's other arguments, such as a block size."""
-    from course_lib.workspace import backup
+    from course_lib.learner.workspace import backup
 
     pieces = index(chapter)
     piece = {"names": names, "source": source, "constants": constants or {}}
