@@ -126,7 +126,7 @@ def test_flat_kernels_every_kind(dtype):
 
 def test_flat_kernels_on_every_thread():
     """Above PARALLEL_MIN elements map, zip and reduce run the parallel flavour of flat.py's kernels."""
-    from course_lib.fast.backend import PARALLEL_MIN
+    from course_lib.fast.pool import PARALLEL_MIN
     full, others = operands(PARALLEL_MIN // 301 + 3, 301, np.float32)
     for other in (others[0], others[1], others[3], others[4]):
         close(nb.zip("div", full, other), npb.zip("div", full, other), np.float32)
@@ -243,7 +243,7 @@ def test_flat_reductions_over_every_dim(shape, dtype):
 
 
 def test_flat_reductions_on_every_thread():
-    from course_lib.fast.backend import PARALLEL_MIN
+    from course_lib.fast.pool import PARALLEL_MIN
     x = TensorData.from_numpy(np.random.default_rng(1).uniform(-3, 3, (PARALLEL_MIN // 250 + 5, 5, 50)), np.float32)
     for op in REDUCE_OPS:
         for dim in range(3):

@@ -8,6 +8,7 @@ One idea per file:
     matmul.py    a parallel, tiled, batched matmul (how a fast matmul is built)
     blas.py      the backend's matmul: numpy's BLAS, so that one BLAS thread pool serves the process
     adam.py      Adam's whole update in one pass over the parameters (a fused optimizer kernel)
+    pool.py      how many threads a call runs on: one for small work, the whole pool for big work
     backend.py   the four kernels behind chapter 02's backend interface: `set_backend("numba")`
 
 Every kernel is compiled with `cache=True`: the machine code is saved next to this package

@@ -18,8 +18,8 @@ One optional method goes beyond the four loops: `adam`, Adam's whole update as o
 (adam.py), which optim.Adam calls when the backend has it.
 
 Starting a parallel loop wakes the thread pool, which costs microseconds on an idle machine
-and milliseconds on a busy one. For small work one thread is faster, so `_threads` picks the
-number of threads per call from the amount of work.
+and milliseconds on a busy one. For small work one thread is faster, so each call picks its number of
+threads from the amount of work (pool.py).
 """
 
 import functools
@@ -33,11 +33,10 @@ from course_lib.fast.adam import fused_adam
 from course_lib.fast.flat import BLOCK, flat_map, flat_reduce_inner, flat_reduce_last, flat_where, flat_zip, plan
 from course_lib.fast.indexing import as_int_array, broadcast_strides
 from course_lib.fast.ops import map_kernel, reduce_kernel, where_kernel, zip_kernel
+from course_lib.fast.pool import set_threads, use_pool
 from course_lib.tensor.backend import Backend
 from course_lib.tensor.scalar_ops import MAP_CODE, REDUCE_CODE, ZIP_CODE
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
-
-PARALLEL_MIN = 1 << 17  # elements below which one thread is faster
 
 
 def _sigmoid(x, out):
@@ -61,27 +60,12 @@ def _sigmoid_from_exp(e, x):
 VECTOR_MATH = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": _sigmoid}
 
 
-_POOL = numba.config.NUMBA_NUM_THREADS  # the threads Numba started with
-
-
-def _use_pool(work):
-    """Whether a call this big runs a kernel's parallel flavour."""
-    return work >= PARALLEL_MIN and _POOL > 1
-
-
-def _threads(work):
-    """One thread for small work, the whole pool for big work (switched only when it changes)."""
-    count = 1 if work < PARALLEL_MIN else _POOL
-    if count != numba.get_num_threads():
-        numba.set_num_threads(count)
-
-
 def _parallel(work):
     """Whether a flat kernel should run its parallel flavour (setting the threads); the one-thread
-    flavour never wakes the pool, so small calls skip `_threads` and its cost."""
-    if not _use_pool(work):
+    flavour never wakes the pool, so small calls skip `set_threads` and its cost."""
+    if not use_pool(work):
         return False
-    _threads(work)
+    set_threads(work)
     return True
 
 
@@ -120,7 +104,7 @@ def _run_shape(shape):
 @functools.lru_cache(maxsize=4096)
 def _map_plan(op, shape):
     size = math.prod(shape)
-    return size, VECTOR_MATH.get(op) or flat_map(MAP_CODE[op], _use_pool(size))
+    return size, VECTOR_MATH.get(op) or flat_map(MAP_CODE[op], use_pool(size))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -131,7 +115,7 @@ def _zip_plan(op, a_shape, b_shape):
     if how is None:
         return shape, size, None, 0
     (ka, kb), cols = how
-    return shape, size, flat_zip(ZIP_CODE[op], ka, kb, _use_pool(size)), cols
+    return shape, size, flat_zip(ZIP_CODE[op], ka, kb, use_pool(size)), cols
 
 
 @functools.lru_cache(maxsize=4096)
@@ -139,7 +123,7 @@ def _reduce_plan(op, shape, dim):
     """(output shape, the flat kernel for contiguous input, its extra arguments)."""
     out_shape = shape[:dim] + (1,) + shape[dim + 1:]
     size, n, inner = math.prod(shape), shape[dim], math.prod(shape[dim + 1:])
-    parallel = _use_pool(size)
+    parallel = use_pool(size)
     if inner == 1:
         return out_shape, flat_reduce_last(REDUCE_CODE[op], parallel), (n,)
     if inner >= 8:  # a narrower block would spend more on its accumulators than on the sums
@@ -165,7 +149,7 @@ class NumbaBackend(Backend):
                 _parallel(size)  # the kernel's flavour was picked by size; this sets the threads for it
                 kernel(_flat(out), _flat(a), BLOCK)
         else:
-            _threads(out.size)
+            set_threads(out.size)
             map_kernel(MAP_CODE[op], out.storage, out.offset, _run_shape(out.shape), _layout(out, out.shape)[2],
                        *_layout(a, out.shape))
         return out
@@ -180,7 +164,7 @@ class NumbaBackend(Backend):
             _parallel(size)  # the kernel's flavour was picked by size; this sets the threads for it
             kernel(_flat(out), _flat(a), _flat(b), cols)
         else:
-            _threads(size)
+            set_threads(size)
             zip_kernel(ZIP_CODE[op], out.storage, out.offset, _run_shape(out.shape), _layout(out, out.shape)[2],
                        *_layout(a, out.shape), *_layout(b, out.shape))
         return out
@@ -194,7 +178,7 @@ class NumbaBackend(Backend):
             _parallel(a.size)  # the kernel's flavour was picked by size; this sets the threads for it
             kernel(out.storage, _flat(a), *extra)
         else:
-            _threads(a.size)
+            set_threads(a.size)
             reduce_kernel(REDUCE_CODE[op], out.storage, _run_shape(shape), a.storage, a.offset,
                           _strides(a.shape, a.strides, a.shape), dim, a.shape[dim])
         return out
@@ -207,7 +191,7 @@ class NumbaBackend(Backend):
         if out.size and how:
             flat_where(*how[0], _parallel(out.size))(_flat(out), _flat(cond), _flat(a), _flat(b), how[1])
         elif out.size:
-            _threads(out.size)
+            set_threads(out.size)
             where_kernel(out.storage, _run_shape(shape), *_layout(cond, shape), *_layout(a, shape), *_layout(b, shape))
         return out
 

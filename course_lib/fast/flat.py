@@ -25,7 +25,7 @@ branches away. Each row works on slices indexed by the loop counter alone, so Nu
 index is negative and drops its wraparound test, and LLVM vectorizes the inner loop (4 to 16
 elements per instruction; written `out[base + j]`, the same loop runs about 4 times slower).
 A kernel compiles on first use (about 0.2 s; 2 s for the parallel flavour, used above
-backend.PARALLEL_MIN elements when Numba has more than one thread) and is cached on disk.
+pool.PARALLEL_MIN elements when Numba has more than one thread) and is cached on disk.
 
 The two flavours loop with `loop = prange if parallel else range`, not with prange in both:
 Numba's disk cache tells kernels apart by their code and the values they capture, not by

@@ -38,6 +38,7 @@ import numpy as np
 from numba import cfunc, njit
 
 from course_lib import yours
+from course_lib.fast.pool import set_threads  # your strided kernels are parallel; small work runs on one thread
 from course_lib.tensor import scalar_ops
 from course_lib.tensor.backend import Backend, get_backend, register_backend
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
@@ -46,7 +47,6 @@ from course_lib.yours import backends
 NAME = "yours-numba"
 PIECES = ("strided_map", "strided_zip", "sum_dim", "sum_kernel", "matmul",
           "flat_map", "flat_zip", "row_layout", "strided_copy", "sum_columns", "blas_matmul")
-PARALLEL_MIN = 1 << 17  # elements below which one thread is faster (waking the pool costs more)
 
 
 # ---- the op, as the `fn` your kernels call ----------------------------------------------------------
@@ -98,13 +98,6 @@ def _strides_as(view, shape):
     """view's strides read as `shape` (stride 0 along broadcast dims), as int64."""
     view = view if view.shape == shape else view.expand(shape)
     return _ints(view.strides if view.strides else (0,))
-
-
-def _threads(work):
-    """Your strided kernels are parallel; for small work the backend lets them run on one thread."""
-    count = 1 if work < PARALLEL_MIN else numba.config.NUMBA_NUM_THREADS
-    if count != numba.get_num_threads():
-        numba.set_num_threads(count)
 
 
 def _fresh(shape, dtype):
@@ -194,7 +187,7 @@ class YoursNumbaBackend(Backend):
             self._run("strided_copy", k["strided_copy"], _storage(out), _ints(shape), _strides_as(out, out.shape),
                       _storage(a), _strides_as(a, out.shape))
         elif "strided_map" in k:
-            _threads(out.size)
+            set_threads(out.size)
             self._run("strided_map", k["strided_map"], op_pointer(op), _storage(out), _ints(_run_shape(out.shape)),
                       _strides_as(out, out.shape), _storage(a), _strides_as(a, out.shape))
         else:
@@ -216,7 +209,7 @@ class YoursNumbaBackend(Backend):
             self._run("flat_zip", k["flat_zip"], op_inlined(op), _flat(out), shape[-1] if shape else 1,
                       _flat(a), a_row, a_spread, _flat(b), b_row, b_spread)
         elif "strided_zip" in k:
-            _threads(out.size)
+            set_threads(out.size)
             run = _run_shape(shape)
             self._run("strided_zip", k["strided_zip"], op_pointer(op), _storage(out), _ints(run),
                       _strides_as(out, shape), _storage(a), _ints(_run_shape(a.shape)), _ints(a.strides or (0,)),
@@ -237,7 +230,7 @@ class YoursNumbaBackend(Backend):
             sums = np.empty(math.prod(shape), dtype=np.float64)    # the sums add up in float64
             self._run("sum_columns", k["sum_columns"], sums, _flat(a), a.shape[dim], inner)
         elif "sum_dim" in k:
-            _threads(a.size)
+            set_threads(a.size)
             sums = self._run("sum_dim", k["sum_dim"], _storage(a), _ints(a.shape).copy(), _ints(a.strides), dim)
         else:
             return self._course("reduce sum", self.course.reduce, op, a, dim)
@@ -256,7 +249,7 @@ class YoursNumbaBackend(Backend):
         dtype = np.result_type(a.dtype, b.dtype)
         A, B, batch = backends.matrix_pairs(a, b)
         out = np.empty((A.shape[0], n, m), dtype=dtype)
-        _threads(n * a.shape[-1] * m // 16)
+        set_threads(n * a.shape[-1] * m // 16)
         for t in range(out.shape[0] if out.size else 0):   # your kernel multiplies one pair of matrices
             self._run("matmul", k["matmul"], out[t], np.ascontiguousarray(A[t], dtype=dtype),
                       np.ascontiguousarray(B[t], dtype=dtype))
