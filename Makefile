@@ -25,8 +25,6 @@ test: $(STAMP)
 	$(BIN)/course build --check
 	$(BIN)/course stage $(LEARNER)
 	$(TEST_ENV) COURSE_WORKSPACE=$(CURDIR)/$(LEARNER) $(PYTEST) -m "not book and not package" tests $(LEARNER)/notebooks $(LEARNER)/exercises $(PYTEST_ARGS)
-	@echo "The checks against wrong implementations again, on other random cases (seed 7):"
-	$(TEST_ENV) COURSE_CHECK_SEED=7 $(BIN)/python -m pytest -q -n 2 tests/test_ch0*_checks.py
 
 # Unit tests only (no notebooks, no browser): a quick loop while writing course_lib.
 test-fast: $(STAMP)

@@ -26,8 +26,10 @@ from course_lib import REPO_DIR, nbtools
 SANITIZE = REPO_DIR / "tests" / "nbval_sanitize.cfg"
 # Lessons and solved exercises that print the most computed figures and run quickly; the whole
 # course's outputs are searched for noise below.
-RERUN = ["notebooks/01_autograd.ipynb", "notebooks/02_tensors.ipynb", "notebooks/03_graph_mode.ipynb",
-         "solutions/00_warmup.ipynb", "solutions/01_autograd.ipynb", "solutions/02_tensors.ipynb"]
+# Three run in `make test`; `make sweep` (--slow) adds three more.
+RERUN = ["notebooks/01_autograd.ipynb", "notebooks/02_tensors.ipynb", "solutions/01_autograd.ipynb",
+         *(pytest.param(path, marks=pytest.mark.slow) for path in
+           ("notebooks/03_graph_mode.ipynb", "solutions/00_warmup.ipynb", "solutions/02_tensors.ipynb"))]
 
 # 14+ significant digits (a float's full repr), or a tiny error with a fractional mantissa (7.5e-12).
 NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d+(?:e[-+]?\d+)?")
