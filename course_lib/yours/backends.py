@@ -1,9 +1,24 @@
-"""What the backends built from your chapter 06 and 07 kernels share: the one line that says
-whose kernel runs each op, and the batch of matrix pairs your 2-D matmul kernels multiply."""
+"""What the backends built from your chapter 06 and 07 kernels share: how one is built and registered,
+the one line that says whose kernel runs each op, and the batch of matrix pairs your 2-D matmul kernels
+multiply."""
 
 import numpy as np
 
+from course_lib import yours
+from course_lib.tensor.backend import get_backend, register_backend
 from course_lib.tensor.tensor_data import shape_broadcast
+
+
+def build(chapter, name, backend_class, course, pieces, verify=True, quiet=False):
+    """backend_class(your kernels, the course's backend `course`) on your saved chapter kernels (each
+    checked again first), registered as `name`. A saved kernel that fails its check raises CheckFailed
+    naming it; a kernel you have not saved is None, and the course's backend serves its op."""
+    kernels = yours.pieces(chapter, dict.fromkeys(pieces), verify=verify, quiet=True)
+    backend = backend_class(kernels, get_backend(course))
+    register_backend(name, backend)
+    if not quiet:
+        print(describe(chapter, name, backend.whose()))
+    return backend
 
 
 def describe(chapter, name, whose):

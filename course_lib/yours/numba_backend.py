@@ -37,10 +37,9 @@ import numba
 import numpy as np
 from numba import cfunc, njit
 
-from course_lib import yours
 from course_lib.fast.pool import set_threads  # your strided kernels are parallel; small work runs on one thread
 from course_lib.tensor import scalar_ops
-from course_lib.tensor.backend import Backend, get_backend, register_backend
+from course_lib.tensor.backend import Backend
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
 from course_lib.yours import backends
 
@@ -267,10 +266,4 @@ def describe(backend):
 def build(verify=True, quiet=False):
     """The backend on your saved chapter 06 kernels (each checked again first), registered as
     "yours-numba". A saved kernel that fails its check raises CheckFailed naming it."""
-    course = get_backend("numba")
-    kernels = yours.pieces("06", dict.fromkeys(PIECES), verify=verify, quiet=True)   # None: the course's
-    backend = YoursNumbaBackend(kernels, course)
-    register_backend(NAME, backend)
-    if not quiet:
-        print(describe(backend))
-    return backend
+    return backends.build("06", NAME, YoursNumbaBackend, "numba", PIECES, verify, quiet)
