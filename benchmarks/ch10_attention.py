@@ -21,12 +21,9 @@ the course's kernels on the same numpy inputs with the same tiles: the goal is w
 """
 
 import argparse
-import os
 import statistics
-import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep instead of spinning on the cores
-
+import common  # first: idle OpenMP threads sleep instead of spinning on the cores
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -35,19 +32,6 @@ import torch.nn.functional as F  # noqa: E402
 from course_lib.fused import attention_cpu  # noqa: E402
 from course_lib.fused.attention_memory import growth, naive_attention, peak_bytes  # noqa: E402
 from course_lib.fused.attention_op import attention  # noqa: E402
-
-
-def turns(contestants, rounds):
-    """{name: best seconds}: every contestant once per round, in turns, after one warm-up call each."""
-    for run in contestants.values():
-        run()
-    best = dict.fromkeys(contestants, float("inf"))
-    for _ in range(rounds):
-        for name, run in contestants.items():
-            start = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def report(title, runs, ours, peer, goal=None):
@@ -89,7 +73,8 @@ def time_ops(T, runs, rounds):
 
     goals = T == 2048
     for title, make, goal in (("forward:", forward, 1.3), ("forward + backward:", both, 1.5)):
-        report(title, [turns({"SDPA": make(sdpa), "fused": make(ours)}, rounds) for _ in range(runs)], "fused", "SDPA",
+        contestants = {"SDPA": make(sdpa), "fused": make(ours)}
+        report(title, [common.best_in_turns(contestants, rounds) for _ in range(runs)], "fused", "SDPA",
                goal if goals else None)
 
 
@@ -109,7 +94,7 @@ def time_solutions(T, runs, rounds):
         contestants = {"course": lambda f=course, a=args: f(*a, scale, True, BQ, BK),
                        "solution": lambda f=mine, a=args: f(*a, scale, True, BQ, BK)}
         report(f"the solved notebook's {name} against the course's kernel, T = {T} (goal: at most 2):",
-               [turns(contestants, rounds) for _ in range(runs)], "solution", "course", 2.0)
+               [common.best_in_turns(contestants, rounds) for _ in range(runs)], "solution", "course", 2.0)
 
 
 def memory(Ts_fused, Ts_naive, H=4, d=64):

@@ -18,12 +18,9 @@ Threads: torch and Numba use their defaults (all cores) unless --threads says ot
 """
 
 import argparse
-import os
 import statistics
-import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep instead of spinning on the cores
-
+import common  # first: idle OpenMP threads sleep instead of spinning on the cores
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -55,19 +52,6 @@ def forward_backward(scan, args):
         for leaf in leaves:
             leaf.grad = None
     return run
-
-
-def turns(contestants, rounds):
-    """{name: best seconds}: every contestant once per round, in turns, after one warm-up call each."""
-    for run in contestants.values():
-        run()
-    best = dict.fromkeys(contestants, float("inf"))
-    for _ in range(rounds):
-        for name, run in contestants.items():
-            start = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def report(title, runs, peer, ours, goal=None):
@@ -110,14 +94,15 @@ def main():
         print(f"\nL = {L}: fused vs chapter 05's loop, largest difference {err:.0e} (float32)")
         contestants = {"loop": selective_scan_sequential, "fused": selective_scan_fused}
         for title, make, goal in (("forward", forward, 10), ("forward + backward", forward_backward, 5)):
-            runs = [turns({n: make(s, x) for n, s in contestants.items()}, args.rounds) for _ in range(args.runs)]
+            runs = [common.best_in_turns({n: make(s, x) for n, s in contestants.items()}, args.rounds) for _ in range(args.runs)]
             report(f"{title}:", runs, "loop", "fused", goal if L == 1024 and args.b == 1 else None)
         if solution is not None:
             arrays = [t.numpy() for t in x]
             outs = [np.empty((args.b, L, D), np.float32), np.empty((args.b, D, N), np.float32),
                     np.empty((args.b, -(-L // scan_cpu.CHUNK), D, N), np.float32)]
             kernels = {"course": scan_cpu.scan_forward, "solution": solution}
-            runs = [turns({n: (lambda k=k: k(*arrays, *outs, scan_cpu.CHUNK)) for n, k in kernels.items()}, args.rounds)
+            calls = {n: (lambda k=k: k(*arrays, *outs, scan_cpu.CHUNK)) for n, k in kernels.items()}
+            runs = [common.best_in_turns(calls, args.rounds)
                     for _ in range(args.runs)]
             ratios = report("the solved notebook's fused_scan against the course's kernel, forward:", runs, "solution", "course")
             missed = sum(x > 2 for x in ratios)

@@ -11,7 +11,8 @@ Two ways to time, for two kinds of question:
 - `compare` (course_lib.timing's): contestants in turns, a median per contestant; the ratio of two
   ways of doing one thing, on a machine that may be busy;
 - `best_of`: the best of several timings of one function, each long enough to be measured; the
-  machine's best figure for it, with `time.process_time` as the clock when other work shares it.
+  machine's best figure for it, with `time.process_time` as the clock when other work shares it;
+- `best_in_turns`: contestants in turns, the best round of each; for calls of milliseconds or more.
 """
 
 import os
@@ -64,4 +65,18 @@ def best_of(fn, repeat=5, clock=time.perf_counter, min_seconds=0.05):
         for _ in range(calls):
             fn()
         best = min(best, (clock() - start) / calls)
+    return best
+
+
+def best_in_turns(contestants, rounds):
+    """{name: best seconds per call}: every contestant called once per round, in turns, after one
+    warm-up call each (a kernel compiles then)."""
+    for run in contestants.values():
+        run()
+    best = dict.fromkeys(contestants, float("inf"))
+    for _ in range(rounds):
+        for name, run in contestants.items():
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
     return best
