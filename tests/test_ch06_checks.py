@@ -5,6 +5,7 @@ import numba
 import numpy as np
 import pytest
 from checking import expect_failure, expect_pass
+from edits import edited
 from numba import njit, prange
 
 from course_lib.checks import ch06 as check
@@ -115,20 +116,11 @@ def test_stubs_fail(name):
 
 # ---- 1. softplus ------------------------------------------------------------------------------
 
-@njit(cache=True)
-def softplus_naive(x, out):
-    for i in range(x.size):
-        out[i] = np.log(1.0 + np.exp(x[i]))
-
-
-@njit(cache=True)
-def softplus_no_max(x, out):
-    for i in range(x.size):
-        out[i] = np.log1p(np.exp(-abs(x[i])))
-
-
-def softplus_python(x, out):
-    out[:] = np.logaddexp(0, x)
+# Most wrong implementations below are the reference with one mistake edited in (tests/edits.py).
+softplus_naive = edited(softplus, "softplus_naive",
+                        ("max(x[i], 0.0) + np.log1p(np.exp(-abs(x[i])))", "np.log(1.0 + np.exp(x[i]))"))
+softplus_no_max = edited(softplus, "softplus_no_max", ("max(x[i], 0.0) + ", ""))
+softplus_python = edited(softplus, "softplus_python", ("@njit(cache=True)\n", ""))
 
 
 @pytest.mark.parametrize("wrong, hint", [(softplus_naive, "overflows"), (softplus_no_max, "max(x, 0)"),
@@ -144,28 +136,10 @@ def position_contiguous(ordinal, shape, strides, offset):
     return offset + ordinal
 
 
-@njit(cache=True)
-def position_no_offset(ordinal, shape, strides, offset):
-    return position(ordinal, shape, strides, 0)
-
-
-@njit(cache=True)
-def position_first_dim_fastest(ordinal, shape, strides, offset):
-    ordinal = np.int64(ordinal)
-    pos = offset
-    for d in range(len(shape)):
-        pos += (ordinal % shape[d]) * strides[d]
-        ordinal //= shape[d]
-    return pos
-
-
-@njit(cache=True)
-def position_unsigned(ordinal, shape, strides, offset):
-    pos = offset
-    for d in range(len(shape) - 1, -1, -1):
-        pos += (ordinal % shape[d]) * strides[d]
-        ordinal //= shape[d]
-    return pos
+position_no_offset = edited(position, "position_no_offset", ("pos = offset", "pos = 0"))
+position_first_dim_fastest = edited(position, "position_first_dim_fastest",
+                                    ("range(len(shape) - 1, -1, -1)", "range(len(shape))"))
+position_unsigned = edited(position, "position_unsigned", ("    ordinal = np.int64(ordinal)\n", ""))
 
 
 @pytest.mark.parametrize("wrong, hint", [(position_contiguous, "ignored the strides"),
@@ -178,18 +152,9 @@ def test_position_rejects(wrong, hint):
 
 # ---- 3. map -----------------------------------------------------------------------------------
 
-@njit(parallel=True, cache=True)
-def map_ignores_strides(fn, out, out_shape, out_strides, a, a_strides):
-    size = 1
-    for n in out_shape:
-        size *= n
-    for i in prange(size):
-        out[position(i, out_shape, out_strides, 0)] = fn(a[i])
-
-
-@njit(cache=True)
-def map_serial(fn, out, out_shape, out_strides, a, a_strides):
-    pass
+map_ignores_strides = edited(strided_map, "map_ignores_strides",
+                             ("fn(a[position(i, out_shape, a_strides, 0)])", "fn(a[i])"))
+map_serial = edited(strided_map, "map_serial", ("@njit(parallel=True, cache=True)", "@njit(cache=True)"))
 
 
 @pytest.mark.parametrize("wrong, hint", [(map_ignores_strides, "as if it were contiguous"),
@@ -200,14 +165,9 @@ def test_strided_map_rejects(wrong, hint):
 
 # ---- 4. zip -----------------------------------------------------------------------------------
 
-@njit(parallel=True, cache=True)
-def zip_no_broadcast(fn, out, out_shape, out_strides, a, a_shape, a_strides, b, b_shape, b_strides):
-    size = 1
-    for n in out_shape:
-        size *= n
-    for i in prange(size):
-        out[position(i, out_shape, out_strides, 0)] = fn(a[position(i, a_shape, a_strides, 0)],
-                                                         b[position(i, b_shape, b_strides, 0)])
+zip_no_broadcast = edited(strided_zip, "zip_no_broadcast",
+                          ("broadcast_position(i, out_shape, a_shape, a_strides)", "position(i, a_shape, a_strides, 0)"),
+                          ("broadcast_position(i, out_shape, b_shape, b_strides)", "position(i, b_shape, b_strides, 0)"))
 
 
 @njit(parallel=True, cache=True)
@@ -242,12 +202,7 @@ def racy_sum_kernel(out, out_shape, a, a_strides, dim, n):
             out[i] = old + a[start + k * a_strides[dim]] + busy * 0.0
 
 
-def sum_dim_racy(a, shape, strides, dim):
-    out_shape = shape.copy()
-    out_shape[dim] = 1
-    out = np.zeros(int(np.prod(out_shape)))
-    racy_sum_kernel(out, out_shape, a, strides, dim, shape[dim])
-    return out.reshape(out_shape)
+sum_dim_racy = edited(sum_dim, "sum_dim_racy", ("np.empty(", "np.zeros("), ("sum_kernel(", "racy_sum_kernel("))
 
 
 def sum_dim_contiguous(a, shape, strides, dim):
@@ -266,14 +221,8 @@ def sum_kernel_idle(out, out_shape, a, a_strides, dim, n):
         out[i] = out[i]
 
 
-@njit(cache=True)
-def sum_kernel_serial(out, out_shape, a, a_strides, dim, n):
-    for i in range(out.size):
-        start = position(i, out_shape, a_strides, 0)
-        acc = 0.0
-        for k in range(n):
-            acc += a[start + k * a_strides[dim]]
-        out[i] = acc
+sum_kernel_serial = edited(sum_kernel, "sum_kernel_serial", ("@njit(parallel=True, cache=True)", "@njit(cache=True)"),
+                           ("prange(out.size)", "range(out.size)"))
 
 
 @pytest.mark.parametrize("wrong, kernel, hint", [
@@ -302,29 +251,10 @@ def test_sum_dim_rejects_a_race():
 
 # ---- 6. matmul --------------------------------------------------------------------------------
 
-@njit(parallel=True, cache=True)
-def matmul_no_zero(out, a, b):
-    n, k = a.shape
-    for i in prange(n):
-        for kk in range(k):
-            for j in range(b.shape[1]):
-                out[i, j] += a[i, kk] * b[kk, j]
-
-
-@njit(parallel=True, cache=True)
-def matmul_wrong_index(out, a, b):
-    n, k = a.shape
-    for i in prange(n):
-        for j in range(b.shape[1]):
-            acc = 0.0
-            for kk in range(k):
-                acc += a[i, kk] * b[j % k, kk % b.shape[1]]
-            out[i, j] = acc
-
-
-@njit(cache=True)
-def matmul_serial(out, a, b):
-    out[:] = a @ b
+matmul_no_zero = edited(matmul, "matmul_no_zero", ("        out[i, :] = 0.0\n", ""))
+matmul_wrong_index = edited(matmul, "matmul_wrong_index", ("b[kk, j]", "b[j % k, kk % m]"))
+matmul_serial = edited(matmul, "matmul_serial", ("@njit(parallel=True, cache=True)", "@njit(cache=True)"),
+                       ("prange(n)", "range(n)"))
 
 
 @pytest.mark.parametrize("wrong, hint", [(matmul_no_zero, "not zero"), (matmul_wrong_index, "differs"),
@@ -342,10 +272,7 @@ def softplus_patched_overflow(x, out):
         out[i] = x[i] if x[i] > 709.0 else np.log(1.0 + np.exp(x[i]))
 
 
-@njit(cache=True)
-def softplus_log_not_log1p(x, out):
-    for i in range(x.size):
-        out[i] = max(x[i], 0.0) + np.log(1.0 + np.exp(-abs(x[i])))
+softplus_log_not_log1p = edited(softplus, "softplus_log_not_log1p", ("np.log1p(", "np.log(1.0 + "))
 
 
 @njit(cache=True)
@@ -361,46 +288,19 @@ def test_softplus_rejects_every_branch(wrong, hint):
     expect_failure(check.softplus, wrong, match=hint)
 
 
-@njit(cache=True)
-def broadcast_position_left_aligned(ordinal, out_shape, shape, strides):
-    """Pairs operand dim d with output dim d: numpy aligns on the RIGHT."""
-    ordinal = np.int64(ordinal)
-    pos = 0
-    for d in range(len(out_shape) - 1, -1, -1):
-        index = ordinal % out_shape[d]
-        ordinal //= out_shape[d]
-        if d < len(shape) and shape[d] != 1:
-            pos += index * strides[d]
-    return pos
-
-
-@njit(parallel=True, cache=True)
-def zip_left_aligned(fn, out, out_shape, out_strides, a, a_shape, a_strides, b, b_shape, b_strides):
-    size = 1
-    for n in out_shape:
-        size *= n
-    for i in prange(size):
-        out[position(i, out_shape, out_strides, 0)] = fn(
-            a[broadcast_position_left_aligned(i, out_shape, a_shape, a_strides)],
-            b[broadcast_position_left_aligned(i, out_shape, b_shape, b_strides)])
+# pairs operand dim d with output dim d: numpy aligns on the RIGHT
+broadcast_position_left_aligned = edited(broadcast_position, "broadcast_position_left_aligned",
+                                         ("d >= extra and shape[d - extra] != 1", "d < len(shape) and shape[d] != 1"),
+                                         ("strides[d - extra]", "strides[d]"))
+zip_left_aligned = edited(strided_zip, "zip_left_aligned", env={"broadcast_position": broadcast_position_left_aligned})
 
 
 def test_strided_zip_rejects_left_alignment():
     expect_failure(check.strided_zip, zip_left_aligned, match="align the shapes on the right")
 
 
-@njit(parallel=True, cache=True)
-def matmul_prange_over_k(out, a, b):
-    """The race: prange over the reduction dim, so threads add into the same out[i, j]."""
-    n, k = a.shape
-    m = b.shape[1]
-    for i in range(n):
-        for j in range(m):
-            out[i, j] = 0.0
-        for kk in prange(k):
-            aik = a[i, kk]
-            for j in range(m):
-                out[i, j] += aik * b[kk, j]
+# the race: prange over the reduction dim, so threads add into the same out[i, j]
+matmul_prange_over_k = edited(matmul, "matmul_prange_over_k", ("prange(n)", "range(n)"), ("range(k)", "prange(k)"))
 
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="a race needs at least 2 threads")
@@ -502,42 +402,14 @@ def test_fast_path_stubs_fail(name, args):
 
 # ---- 7. flat kernels ------------------------------------------------------------------------------
 
-@njit(cache=True)
-def flat_zip_swapped(fn, out, cols, a, a_row, a_spread, b, b_row, b_spread):
-    for r in range(out.size // cols):
-        o, x, y = out[r * cols:(r + 1) * cols], a[r * a_row:], b[r * b_row:]
-        for j in range(cols):
-            o[j] = fn(y[j if b_spread else 0], x[j if a_spread else 0])
-
-
-@njit(cache=True)
-def flat_zip_full_rows(fn, out, cols, a, a_row, a_spread, b, b_row, b_spread):
-    """Every operand's row r starts at r * cols, as if it had the output's shape."""
-    for r in range(out.size // cols):
-        o, x, y = out[r * cols:(r + 1) * cols], a[r * cols:], b[r * cols:]
-        for j in range(cols):
-            o[j] = fn(x[j if a_spread else 0], y[j if b_spread else 0])
-
-
-@njit(cache=True)
-def flat_zip_always_spread(fn, out, cols, a, a_row, a_spread, b, b_row, b_spread):
-    for r in range(out.size // cols):
-        o, x, y = out[r * cols:(r + 1) * cols], a[r * a_row:], b[r * b_row:]
-        for j in range(cols):
-            o[j] = fn(x[j], y[j])
-
-
-@njit(cache=True)
-def flat_zip_one_row_too_many(fn, out, cols, a, a_row, a_spread, b, b_row, b_spread):
-    size = out.size
-    for r in range(size // cols + 1):
-        for j in range(cols):
-            out[r * cols + j] = fn(a[r * a_row + (j if a_spread else 0)], b[r * b_row + (j if b_spread else 0)])
-
-
-def flat_map_python(fn, out, a):
-    for i in range(out.size):
-        out[i] = fn(a[i])
+PAIR = "fn(x[j if a_spread else 0], y[j if b_spread else 0])"
+flat_zip_swapped = edited(flat_zip, "flat_zip_swapped", (PAIR, "fn(y[j if b_spread else 0], x[j if a_spread else 0])"))
+# every operand's row r starts at r * cols, as if it had the output's shape
+flat_zip_full_rows = edited(flat_zip, "flat_zip_full_rows", ("a[r * a_row:], b[r * b_row:]", "a[r * cols:], b[r * cols:]"))
+flat_zip_always_spread = edited(flat_zip, "flat_zip_always_spread", (PAIR, "fn(x[j], y[j])"))
+flat_zip_one_row_too_many = edited(flat_zip, "flat_zip_one_row_too_many",
+                                   ("range(out.size // cols)", "range(out.size // cols + 1)"))
+flat_map_python = edited(flat_map, "flat_map_python", ("@njit(cache=True)\n", ""))
 
 
 @pytest.mark.parametrize("wrong_map, wrong_zip, hint", [
@@ -569,45 +441,12 @@ def test_row_layout_rejects_a_bad_result():
 
 # ---- 9. strided_copy -----------------------------------------------------------------------------------
 
-@njit(cache=True)
-def copy_ignoring_a_strides(out, out_shape, out_strides, a, a_strides):
-    n = out_shape[-1]
-    size = 1
-    for s in out_shape:
-        size *= s
-    for r in range(size // n if n else 0):
-        po = position(r * n, out_shape, out_strides, 0)
-        for j in range(n):
-            out[po + j * out_strides[-1]] = a[r * n + j]
-
-
-@njit(cache=True)
-def copy_into_contiguous(out, out_shape, out_strides, a, a_strides):
-    n = out_shape[-1]
-    size = 1
-    for s in out_shape:
-        size *= s
-    for r in range(size // n if n else 0):
-        pa = position(r * n, out_shape, a_strides, 0)
-        for j in range(n):
-            out[r * n + j] = a[pa + j * a_strides[-1]]
-
-
-@njit(cache=True)
-def copy_dividing_by_the_last_dim(out, out_shape, out_strides, a, a_strides):
-    n = out_shape[-1]
-    size = 1
-    for s in out_shape:
-        size *= s
-    for r in range(size // n):
-        po = position(r * n, out_shape, out_strides, 0)
-        pa = position(r * n, out_shape, a_strides, 0)
-        for j in range(n):
-            out[po + j * out_strides[-1]] = a[pa + j * a_strides[-1]]
-
-
-def copy_in_python(out, out_shape, out_strides, a, a_strides):
-    strided_copy(out, out_shape, out_strides, a, a_strides)
+copy_ignoring_a_strides = edited(strided_copy, "copy_ignoring_a_strides", ("a[pa + j * step_a]", "a[r * n + j]"))
+copy_into_contiguous = edited(strided_copy, "copy_into_contiguous", ("out[po + j * step_out]", "out[r * n + j]"))
+# an empty last dim divides by zero
+copy_dividing_by_the_last_dim = edited(strided_copy, "copy_dividing_by_the_last_dim",
+                                       ("range(size // n if n else 0)", "range(size // n)"))
+copy_in_python = edited(strided_copy, "copy_in_python", ("@njit(cache=True)\n", ""))
 
 
 @pytest.mark.parametrize("wrong, hint", [
@@ -622,25 +461,9 @@ def test_strided_copy_rejects(wrong, hint):
 
 # ---- 10. sum_columns ----------------------------------------------------------------------------------
 
-@njit(cache=True)
-def sum_columns_not_zeroed(out, a, n, m):
-    for o in range(out.size // m):
-        acc = out[o * m:(o + 1) * m]
-        for k in range(n):
-            row = a[(o * n + k) * m:(o * n + k + 1) * m]
-            for j in range(m):
-                acc[j] += row[j]
-
-
-@njit(cache=True)
-def sum_columns_first_block(out, a, n, m):
-    for o in range(out.size // m):
-        acc = out[o * m:(o + 1) * m]
-        acc[:] = 0.0
-        for k in range(n):
-            row = a[k * m:(k + 1) * m]
-            for j in range(m):
-                acc[j] += row[j]
+sum_columns_not_zeroed = edited(sum_columns, "sum_columns_not_zeroed", ("        acc[:] = 0.0\n", ""))
+sum_columns_first_block = edited(sum_columns, "sum_columns_first_block",
+                                 ("a[(o * n + k) * m:(o * n + k + 1) * m]", "a[k * m:(k + 1) * m]"))
 
 
 @njit(cache=True)

@@ -7,7 +7,8 @@ barrier, a halo or a partial tile forgotten. Kernels use the module-level `cuda`
 import numpy as np
 import pytest
 from checking import expect_failure
-from numba import cuda, float32
+from edits import edited
+from numba import cuda
 
 from course_lib.checks import ch07 as check
 from course_lib.cuda import matmul as M
@@ -35,17 +36,23 @@ def test_reference_kernels_pass(capsys):
 
 
 # ---- one thread, one element -----------------------------------------------------------------
+# Each wrong kernel is the library's puzzle kernel with one mistake edited in (tests/edits.py),
+# compiled with the tests' block size: TPB = 8 threads, and the shared-array sizes that follow.
 
-@cuda.jit
-def map_plus1(a, out):
-    i = cuda.threadIdx.x
-    out[i] = a[i] + 1
+SMALL = {"TPB": TPB, "POOL_BUF": POOL_BUF, "CONV_BUF": CONV_BUF, "TILE": TILE}
 
 
-@cuda.jit
-def map_first(a, out):
-    i = cuda.threadIdx.x
-    out[i] = a[0] + 10
+def wrong(reference, name, *changes):
+    return edited(reference, name, *changes, env=SMALL)
+
+
+def unguarded(kernel, name, guard):
+    """The kernel with its `if guard:` removed, the body run by every thread."""
+    return wrong(kernel, name, (f"if {guard}:\n        ", ""))
+
+
+map_plus1 = wrong(P.k_map_add10, "map_plus1", ("a[i] + 10", "a[i] + 1"))
+map_first = wrong(P.k_map_add10, "map_first", ("a[i] + 10", "a[0] + 10"))
 
 
 @pytest.mark.parametrize("wrong, hint", [(map_plus1, "adds 10"), (map_first, "differs")])
@@ -53,16 +60,8 @@ def test_map_rejects(wrong, hint):
     expect_failure(check.map_add10, wrong, match=hint)
 
 
-@cuda.jit
-def zip_twice(a, b, out):
-    i = cuda.threadIdx.x
-    out[i] = a[i] + a[i]
-
-
-@cuda.jit
-def zip_sub(a, b, out):
-    i = cuda.threadIdx.x
-    out[i] = a[i] - b[i]
+zip_twice = wrong(P.k_zip_add, "zip_twice", ("a[i] + b[i]", "a[i] + a[i]"))
+zip_sub = wrong(P.k_zip_add, "zip_sub", ("a[i] + b[i]", "a[i] - b[i]"))
 
 
 @pytest.mark.parametrize("wrong, hint", [(zip_twice, "add b"), (zip_sub, "differs")])
@@ -70,17 +69,8 @@ def test_zip_rejects(wrong, hint):
     expect_failure(check.zip_add, wrong, match=hint)
 
 
-@cuda.jit
-def guard_missing(a, out):
-    i = cuda.threadIdx.x
-    out[i] = a[i] + 10
-
-
-@cuda.jit
-def guard_too_strict(a, out):
-    i = cuda.threadIdx.x
-    if i < a.size - 1:
-        out[i] = a[i] + 10
+guard_missing = unguarded(P.k_guard_add10, "guard_missing", "i < a.size")
+guard_too_strict = wrong(P.k_guard_add10, "guard_too_strict", ("i < a.size", "i < a.size - 1"))
 
 
 @pytest.mark.parametrize("wrong, hint", [(guard_missing, "guard the body"), (guard_too_strict, "never written")])
@@ -88,18 +78,9 @@ def test_guard_rejects(wrong, hint):
     expect_failure(check.guard_add10, wrong, match=hint)
 
 
-@cuda.jit
-def map2d_swapped(a, out):
-    row = cuda.threadIdx.x                    # x is the column, not the row
-    col = cuda.threadIdx.y
-    if row < a.shape[0] and col < a.shape[1]:
-        out[row, col] = a[row, col] + 10
-
-
-@cuda.jit
-def map2d_unguarded(a, out):
-    col, row = cuda.threadIdx.x, cuda.threadIdx.y
-    out[row, col] = a[row, col] + 10
+X_IS_ROW = (("col = cuda.threadIdx.x", "col = cuda.threadIdx.y"), ("row = cuda.threadIdx.y", "row = cuda.threadIdx.x"))
+map2d_swapped = wrong(P.k_map2d_add10, "map2d_swapped", *X_IS_ROW)
+map2d_unguarded = unguarded(P.k_map2d_add10, "map2d_unguarded", "row < a.shape[0] and col < a.shape[1]")
 
 
 @pytest.mark.parametrize("wrong, hint", [(map2d_swapped, "cuda.grid(2) returns (x, y)"),
@@ -108,18 +89,8 @@ def test_map2d_rejects(wrong, hint):
     expect_failure(check.map2d_add10, wrong, match=hint)
 
 
-@cuda.jit
-def broadcast_swapped(a, b, out):
-    row, col = cuda.threadIdx.x, cuda.threadIdx.y
-    if row < out.shape[0] and col < out.shape[1]:
-        out[row, col] = a[row, 0] + b[0, col]
-
-
-@cuda.jit
-def broadcast_wrong_axes(a, b, out):
-    col, row = cuda.threadIdx.x, cuda.threadIdx.y
-    if row < out.shape[0] and col < out.shape[1]:
-        out[row, col] = a[0, col] + b[row, 0]
+broadcast_swapped = wrong(P.k_broadcast_add, "broadcast_swapped", *X_IS_ROW)
+broadcast_wrong_axes = wrong(P.k_broadcast_add, "broadcast_wrong_axes", ("a[row, 0] + b[0, col]", "a[0, col] + b[row, 0]"))
 
 
 @pytest.mark.parametrize("wrong, hint", [(broadcast_swapped, "cuda.grid(2)"), (broadcast_wrong_axes, "a has one column")])
@@ -127,24 +98,10 @@ def test_broadcast_rejects(wrong, hint):
     expect_failure(check.broadcast_add, wrong, match=hint)
 
 
-@cuda.jit
-def blocks_no_offset(a, out):
-    i = cuda.threadIdx.x
-    if i < a.size:
-        out[i] = a[i] + 10
-
-
-@cuda.jit
-def blocks_unguarded(a, out):
-    i = cuda.grid(1)
-    out[i] = a[i] + 10
-
-
-@cuda.jit
-def blocks_assume_8(a, out):
-    i = cuda.blockIdx.x * 8 + cuda.threadIdx.x      # the block size written as a number
-    if i < a.size:
-        out[i] = a[i] + 10
+GLOBAL_INDEX = "cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x"
+blocks_no_offset = wrong(P.k_blocks_add10, "blocks_no_offset", (GLOBAL_INDEX, "cuda.threadIdx.x"))
+blocks_unguarded = unguarded(P.k_blocks_add10, "blocks_unguarded", "i < a.size")
+blocks_assume_8 = wrong(P.k_blocks_add10, "blocks_assume_8", (GLOBAL_INDEX, "cuda.blockIdx.x * 8 + cuda.threadIdx.x"))
 
 
 @pytest.mark.parametrize("wrong, hint", [(blocks_no_offset, "every block covers its own chunk"), (blocks_unguarded, "guard"),
@@ -153,33 +110,18 @@ def test_blocks_rejects(wrong, hint):
     expect_failure(check.blocks_add10, wrong, match=hint)
 
 
-@cuda.jit
-def blocks2d_swapped(a, out):
-    row, col = cuda.grid(2)
-    if row < a.shape[0] and col < a.shape[1]:
-        out[row, col] = a[row, col] + 10
+def grid2d(x_step, y_step):
+    """cuda.grid(2) written out, with the block's extent along x and y as given."""
+    return (f"(cuda.blockIdx.x * {x_step} + cuda.threadIdx.x, "
+            f"cuda.blockIdx.y * {y_step} + cuda.threadIdx.y)")
 
 
-@cuda.jit
-def blocks2d_unguarded(a, out):
-    col, row = cuda.grid(2)
-    out[row, col] = a[row, col] + 10
-
-
-@cuda.jit
-def blocks2d_assume_square(a, out):
-    col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    row = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.y     # blockDim.x for y: square blocks only
-    if row < a.shape[0] and col < a.shape[1]:
-        out[row, col] = a[row, col] + 10
-
-
-@cuda.jit
-def blocks2d_assume_4x4(a, out):
-    col = cuda.blockIdx.x * 4 + cuda.threadIdx.x
-    row = cuda.blockIdx.y * 4 + cuda.threadIdx.y
-    if row < a.shape[0] and col < a.shape[1]:
-        out[row, col] = a[row, col] + 10
+blocks2d_swapped = wrong(P.k_blocks2d_add10, "blocks2d_swapped", ("col, row = cuda.grid(2)", "row, col = cuda.grid(2)"))
+blocks2d_unguarded = unguarded(P.k_blocks2d_add10, "blocks2d_unguarded", "row < a.shape[0] and col < a.shape[1]")
+# blockDim.x for y: square blocks only
+blocks2d_assume_square = wrong(P.k_blocks2d_add10, "blocks2d_assume_square",
+                               ("cuda.grid(2)", grid2d("cuda.blockDim.x", "cuda.blockDim.x")))
+blocks2d_assume_4x4 = wrong(P.k_blocks2d_add10, "blocks2d_assume_4x4", ("cuda.grid(2)", grid2d(4, 4)))
 
 
 @pytest.mark.parametrize("wrong, hint", [(blocks2d_swapped, "cuda.grid(2) returns (x, y)"),
@@ -192,60 +134,18 @@ def test_blocks2d_rejects(wrong, hint):
 
 # ---- shared memory: missing barriers, halos, partial blocks ----------------------------------
 
-@cuda.jit
-def reverse_no_sync(a, out):
-    t = cuda.threadIdx.x
-    start = cuda.blockIdx.x * TPB
-    buf = cuda.shared.array(TPB, float32)
-    if start + t < a.size:
-        buf[t] = a[start + t]
-    n = min(TPB, a.size - start)
-    if t < n:
-        out[start + t] = buf[n - 1 - t]
+def no_sync(kernel, name, count=1, after=""):
+    """The kernel without its barrier(s): `count` of them, or the one written after `after`."""
+    return wrong(kernel, name, (f"{after}cuda.syncthreads()", f"{after}pass", count))
 
 
-@cuda.jit
-def reverse_full_blocks(a, out):
-    t = cuda.threadIdx.x
-    start = cuda.blockIdx.x * TPB
-    buf = cuda.shared.array(TPB, a.dtype)
-    if start + t < a.size:
-        buf[t] = a[start + t]
-    cuda.syncthreads()
-    if start + t < a.size:
-        out[start + t] = buf[TPB - 1 - t]
+reverse_no_sync = no_sync(P.k_block_reverse, "reverse_no_sync")
+reverse_full_blocks = wrong(P.k_block_reverse, "reverse_full_blocks", ("buf[n - 1 - t]", "buf[TPB - 1 - t]"))
 
 
 @pytest.mark.parametrize("wrong, hint", [(reverse_no_sync, "race"), (reverse_full_blocks, "the last block holds only")])
 def test_block_reverse_rejects(wrong, hint):
     expect_failure(check.block_reverse, wrong, TPB, match=hint)
-
-
-@cuda.jit
-def pool_no_sync(a, out):
-    t = cuda.threadIdx.x
-    i = cuda.blockIdx.x * TPB + t
-    buf = cuda.shared.array(POOL_BUF, a.dtype)
-    if i < a.size:
-        buf[t + 2] = a[i]
-    if t < 2:
-        buf[t] = a[i - 2] if i >= 2 else 0.0
-    if i < a.size:
-        out[i] = buf[t] + buf[t + 1] + buf[t + 2]
-
-
-@cuda.jit
-def pool_no_halo(a, out):
-    t = cuda.threadIdx.x
-    i = cuda.blockIdx.x * TPB + t
-    buf = cuda.shared.array(POOL_BUF, a.dtype)
-    if i < a.size:
-        buf[t + 2] = a[i]
-    if t < 2:
-        buf[t] = 0.0
-    cuda.syncthreads()
-    if i < a.size:
-        out[i] = buf[t] + buf[t + 1] + buf[t + 2]
 
 
 @cuda.jit
@@ -255,19 +155,10 @@ def pool_global_wrap(a, out):
         out[i] = a[i - 2] + a[i - 1] + a[i]       # a[-1] wraps on the simulator
 
 
-@cuda.jit
-def pool_sized_by_expression(a, out):
-    """Right values on the simulator, but a GPU's compiler refuses a shared array sized `TPB + 2`."""
-    t = cuda.threadIdx.x
-    i = cuda.blockIdx.x * TPB + t
-    buf = cuda.shared.array(TPB + 2, a.dtype)
-    if i < a.size:
-        buf[t + 2] = a[i]
-    if t < 2:
-        buf[t] = a[i - 2] if i >= 2 else 0.0
-    cuda.syncthreads()
-    if i < a.size:
-        out[i] = buf[t] + buf[t + 1] + buf[t + 2]
+pool_no_sync = no_sync(P.k_pool3, "pool_no_sync")
+pool_no_halo = wrong(P.k_pool3, "pool_no_halo", ("buf[t] = a[j] if j >= 0 else 0.0", "buf[t] = 0.0"))
+# right values on the simulator, but a GPU's compiler refuses a shared array sized `TPB + 2`
+pool_sized_by_expression = wrong(P.k_pool3, "pool_sized_by_expression", ("array(POOL_BUF,", "array(TPB + 2,"))
 
 
 @pytest.mark.parametrize("wrong, hint", [(pool_no_sync, "race"), (pool_no_halo, "halo"), (pool_global_wrap, "wrapped"),
@@ -276,47 +167,9 @@ def test_pool_rejects(wrong, hint):
     expect_failure(check.pool3, wrong, TPB, match=hint)
 
 
-@cuda.jit
-def dot_no_sync(a, b, partial):
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    buf = cuda.shared.array(TPB, a.dtype)
-    buf[t] = a[i] * b[i] if i < a.size else 0.0
-    step = TPB // 2
-    while step > 0:
-        if t < step:
-            buf[t] += buf[t + step]
-        step //= 2
-    if t == 0:
-        partial[cuda.blockIdx.x] = buf[0]
-
-
-@cuda.jit
-def dot_unguarded(a, b, partial):
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    buf = cuda.shared.array(TPB, a.dtype)
-    buf[t] = a[i] * b[i]
-    cuda.syncthreads()
-    step = TPB // 2
-    while step > 0:
-        if t < step:
-            buf[t] += buf[t + step]
-        cuda.syncthreads()
-        step //= 2
-    if t == 0:
-        partial[cuda.blockIdx.x] = buf[0]
-
-
-@cuda.jit
-def dot_one_level(a, b, partial):
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    buf = cuda.shared.array(TPB, a.dtype)
-    buf[t] = a[i] * b[i] if i < a.size else 0.0
-    cuda.syncthreads()
-    if t == 0:
-        partial[cuda.blockIdx.x] = buf[0] + buf[1]
+dot_no_sync = no_sync(P.k_dot_partial, "dot_no_sync", count=2)
+dot_unguarded = wrong(P.k_dot_partial, "dot_unguarded", ("a[i] * b[i] if i < a.size else 0.0", "a[i] * b[i]"))
+dot_one_level = wrong(P.k_dot_partial, "dot_one_level", ("step = TPB // 2", "step = 1"))   # the tree's last level only
 
 
 @pytest.mark.parametrize("wrong, hint", [(dot_no_sync, "race"), (dot_unguarded, "outside an array"),
@@ -325,31 +178,8 @@ def test_dot_rejects(wrong, hint):
     expect_failure(check.dot_partial, wrong, TPB, match=hint)
 
 
-@cuda.jit
-def conv_no_halo(a, w, out):
-    t = cuda.threadIdx.x
-    i = cuda.blockIdx.x * TPB + t
-    tile = cuda.shared.array(CONV_BUF, a.dtype)
-    tile[t] = a[i] if i < a.size else 0.0
-    if t < w.size - 1:
-        tile[t + TPB] = 0.0
-    cuda.syncthreads()
-    if i < a.size:
-        acc = 0.0
-        for k in range(w.size):
-            acc += tile[t + k] * w[k]
-        out[i] = acc
-
-
-@cuda.jit
-def conv_flipped(a, w, out):
-    i = cuda.grid(1)
-    if i < a.size:
-        acc = 0.0
-        for k in range(w.size):
-            if i + k < a.size:
-                acc += a[i + k] * w[w.size - 1 - k]
-        out[i] = acc
+conv_no_halo = wrong(P.k_conv1d, "conv_no_halo", ("tile[t + TPB] = a[j] if j < a.size else 0.0", "tile[t + TPB] = 0.0"))
+conv_flipped = wrong(P.k_conv1d, "conv_flipped", ("* ws[k]", "* ws[K - 1 - k]"))
 
 
 @pytest.mark.parametrize("wrong, hint", [(conv_no_halo, "halo"), (conv_flipped, "flipped")])
@@ -357,43 +187,9 @@ def test_conv_rejects(wrong, hint):
     expect_failure(check.conv1d, wrong, TPB, 8, match=hint)
 
 
-@cuda.jit
-def scan_race(a, out, sums):
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    buf = cuda.shared.array(TPB, a.dtype)
-    buf[t] = a[i] if i < a.size else 0.0
-    cuda.syncthreads()
-    step = 1
-    while step < TPB:
-        if t >= step:
-            buf[t] += buf[t - step]             # reads a neighbour that may already be updated
-        cuda.syncthreads()
-        step *= 2
-    if i < a.size:
-        out[i] = buf[t]
-    if t == TPB - 1:
-        sums[cuda.blockIdx.x] = buf[t]
-
-
-@cuda.jit
-def scan_exclusive(a, out, sums):
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    buf = cuda.shared.array(TPB, a.dtype)
-    buf[t] = a[i] if i < a.size else 0.0
-    cuda.syncthreads()
-    step = 1
-    while step < TPB:
-        v = buf[t - step] if t >= step else 0.0
-        cuda.syncthreads()
-        buf[t] += v
-        cuda.syncthreads()
-        step *= 2
-    if i < a.size:
-        out[i] = buf[t] - a[i]
-    if t == TPB - 1:
-        sums[cuda.blockIdx.x] = buf[t]
+# reads a neighbour that may already be updated: no barrier between the reads and the writes
+scan_race = no_sync(P.k_block_scan, "scan_race", after="# read everything first ...\n        ")
+scan_exclusive = wrong(P.k_block_scan, "scan_exclusive", ("out[i] = buf[t]", "out[i] = buf[t] - a[i]"))
 
 
 @pytest.mark.parametrize("wrong, hint", [(scan_race, "race"), (scan_exclusive, "exclusive")])
@@ -401,34 +197,8 @@ def test_block_scan_rejects(wrong, hint):
     expect_failure(check.block_scan, wrong, TPB, match=hint)
 
 
-@cuda.jit
-def rowsum_first_cols(a, out):
-    t = cuda.threadIdx.x
-    row = cuda.blockIdx.x
-    buf = cuda.shared.array(TPB, a.dtype)
-    buf[t] = a[row, t] if t < a.shape[1] else 0.0
-    cuda.syncthreads()
-    if t == 0:
-        acc = 0.0
-        for j in range(TPB):
-            acc += buf[j]
-        out[row] = acc
-
-
-@cuda.jit
-def rowsum_no_sync(a, out):
-    t = cuda.threadIdx.x
-    row = cuda.blockIdx.x
-    buf = cuda.shared.array(TPB, a.dtype)
-    acc = 0.0
-    for col in range(t, a.shape[1], TPB):
-        acc += a[row, col]
-    buf[t] = acc
-    if t == 0:
-        total = 0.0
-        for j in range(TPB):
-            total += buf[j]
-        out[row] = total
+rowsum_first_cols = wrong(P.k_row_sum, "rowsum_first_cols", ("range(t, a.shape[1], TPB)", "range(t, min(a.shape[1], TPB), TPB)"))
+rowsum_no_sync = no_sync(P.k_row_sum, "rowsum_no_sync", after="buf[t] = acc\n    ")
 
 
 @pytest.mark.parametrize("wrong, hint", [(rowsum_first_cols, "first tpb columns"), (rowsum_no_sync, "race")])
@@ -438,35 +208,10 @@ def test_row_sum_rejects(wrong, hint):
 
 # ---- matmul --------------------------------------------------------------------------------
 
-@cuda.jit
-def matmul_swapped(A, B, C):
-    row, col = cuda.grid(2)
-    if row < C.shape[0] and col < C.shape[1]:
-        acc = 0.0
-        for k in range(A.shape[1]):
-            acc += A[row, k] * B[k, col]
-        C[row, col] = acc
-
-
-@cuda.jit
-def matmul_short_k(A, B, C):
-    col, row = cuda.grid(2)
-    if row < C.shape[0] and col < C.shape[1]:
-        acc = 0.0
-        for k in range(A.shape[1] - 1):
-            acc += A[row, k] * B[k, col]
-        C[row, col] = acc
-
-
-@cuda.jit
-def matmul_assume_square(A, B, C):
-    col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    row = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.y     # blockDim.x for y: square blocks only
-    if row < C.shape[0] and col < C.shape[1]:
-        acc = 0.0
-        for k in range(A.shape[1]):
-            acc += A[row, k] * B[k, col]
-        C[row, col] = acc
+matmul_swapped = wrong(M.k_matmul_naive, "matmul_swapped", ("col, row = cuda.grid(2)", "row, col = cuda.grid(2)"))
+matmul_short_k = wrong(M.k_matmul_naive, "matmul_short_k", ("range(A.shape[1])", "range(A.shape[1] - 1)"))
+matmul_assume_square = wrong(M.k_matmul_naive, "matmul_assume_square",
+                             ("cuda.grid(2)", grid2d("cuda.blockDim.x", "cuda.blockDim.x")))
 
 
 @pytest.mark.parametrize("wrong, hint", [(matmul_swapped, "cuda.grid(2)"), (matmul_short_k, "stops one short"),
@@ -475,43 +220,22 @@ def test_matmul_naive_rejects(wrong, hint):
     expect_failure(check.matmul_naive, wrong, match=hint)
 
 
-def tiled(drop_last=False, second_sync=True, guard_loads=True):
-    """Variants of the tiled kernel with one planted mistake each."""
-    @cuda.jit
-    def kernel(A, B, C):
-        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-        col, row = cuda.grid(2)
-        sA = cuda.shared.array((TILE, TILE), float32)
-        sB = cuda.shared.array((TILE, TILE), float32)
-        K = A.shape[1]
-        acc = float32(0.0)
-        tiles = K // TILE if drop_last else (K + TILE - 1) // TILE
-        for t in range(tiles):
-            k = t * TILE
-            if guard_loads:
-                sA[ty, tx] = A[row, k + tx] if row < A.shape[0] and k + tx < K else 0.0
-                sB[ty, tx] = B[k + ty, col] if k + ty < K and col < B.shape[1] else 0.0
-            else:
-                sA[ty, tx] = A[row, k + tx]
-                sB[ty, tx] = B[k + ty, col]
-            cuda.syncthreads()
-            for j in range(TILE):
-                acc += sA[ty, j] * sB[j, tx]
-            if second_sync:
-                cuda.syncthreads()
-        if row < C.shape[0] and col < C.shape[1]:
-            C[row, col] = acc
-    return kernel
+tiled = wrong(M.k_matmul_tiled, "tiled")        # the library's kernel, at the tests' TILE = 8
+tiled_drop_last = wrong(M.k_matmul_tiled, "tiled_drop_last", ("range((K + TILE - 1) // TILE)", "range(K // TILE)"))
+tiled_unguarded_loads = wrong(M.k_matmul_tiled, "tiled_unguarded_loads",
+                              (" if row < A.shape[0] and k + tx < K else 0.0", ""),
+                              (" if k + ty < K and col < B.shape[1] else 0.0", ""))
+tiled_one_sync = no_sync(M.k_matmul_tiled, "tiled_one_sync", after="acc += sA[ty, j] * sB[j, tx]\n        ")
 
 
 def test_tiled_reference_passes(capsys):
-    check.matmul_tiled(tiled(), TILE)
+    check.matmul_tiled(tiled, TILE)
     assert "passed" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("wrong, hint", [(tiled(drop_last=True), "partial tile"),
-                                         (tiled(guard_loads=False), "outside an array"),
-                                         (tiled(second_sync=False), "race")])
+@pytest.mark.parametrize("wrong, hint", [(tiled_drop_last, "partial tile"),
+                                         (tiled_unguarded_loads, "outside an array"),
+                                         (tiled_one_sync, "race")])
 def test_matmul_tiled_rejects(wrong, hint):
     expect_failure(check.matmul_tiled, wrong, TILE, match=hint)
 
