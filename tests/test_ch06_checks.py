@@ -512,3 +512,9 @@ def matmul_in_numba(a, a_shape, a_strides, b, b_shape, b_strides):
 ])
 def test_blas_matmul_rejects(wrong, hint):
     expect_failure(check.blas_matmul, wrong, match=hint)
+
+
+def test_an_edit_the_reference_no_longer_matches_fails_loudly():
+    """A wrong implementation written as an edit stops the tests when the reference changes under it."""
+    with pytest.raises(AssertionError, match="the reference changed"):
+        edited(softplus, "softplus_gone", ("np.log1p(np.exp(x[i]))", "0.0"))

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from checking import expect_failure
+from edits import edited
 
 from course_lib.checks import ch08 as check
 from course_lib.custom_ops import conv
@@ -227,82 +228,16 @@ def conv_rows_reference(x, w, b, out, stride, padding):
                     out[n, o, i, j] = acc
 
 
-@numba.njit(cache=True)
-def conv_rows_flipped(x, w, b, out, stride, padding):
-    """A true convolution: tap (p, q) uses the kernel's opposite entry."""
-    N, C, H, W = x.shape
-    O, _, KH, KW = w.shape
-    _, _, OH, OW = out.shape
-    for n in range(N):
-        for o in range(O):
-            for i in range(OH):
-                for j in range(OW):
-                    acc = b[o]
-                    for c in range(C):
-                        for p in range(KH):
-                            for q in range(KW):
-                                h, v = i * stride - padding + p, j * stride - padding + q
-                                if 0 <= h < H and 0 <= v < W:
-                                    acc += w[o, c, KH - 1 - p, KW - 1 - q] * x[n, c, h, v]
-                    out[n, o, i, j] = acc
-
-
-@numba.njit(cache=True)
-def conv_rows_pad_one_side(x, w, b, out, stride, padding):
-    """Forgets to shift the window by -padding: the zeros end up after the image only."""
-    N, C, H, W = x.shape
-    O, _, KH, KW = w.shape
-    _, _, OH, OW = out.shape
-    for n in range(N):
-        for o in range(O):
-            for i in range(OH):
-                for j in range(OW):
-                    acc = b[o]
-                    for c in range(C):
-                        for p in range(KH):
-                            for q in range(KW):
-                                h, v = i * stride + p, j * stride + q
-                                if h < H and v < W:
-                                    acc += w[o, c, p, q] * x[n, c, h, v]
-                    out[n, o, i, j] = acc
-
-
-@numba.njit(cache=True)
-def conv_rows_no_stride(x, w, b, out, stride, padding):
-    N, C, H, W = x.shape
-    O, _, KH, KW = w.shape
-    _, _, OH, OW = out.shape
-    for n in range(N):
-        for o in range(O):
-            for i in range(OH):
-                for j in range(OW):
-                    acc = b[o]
-                    for c in range(C):
-                        for p in range(KH):
-                            for q in range(KW):
-                                h, v = i - padding + p, j - padding + q
-                                if 0 <= h < H and 0 <= v < W:
-                                    acc += w[o, c, p, q] * x[n, c, h, v]
-                    out[n, o, i, j] = acc
-
-
-@numba.njit(cache=True)
-def conv_rows_accumulates(x, w, b, out, stride, padding):
-    """Adds into out as if it started at zero."""
-    N, C, H, W = x.shape
-    O, _, KH, KW = w.shape
-    _, _, OH, OW = out.shape
-    for n in range(N):
-        for o in range(O):
-            for i in range(OH):
-                for j in range(OW):
-                    out[n, o, i, j] += b[o]
-                    for c in range(C):
-                        for p in range(KH):
-                            for q in range(KW):
-                                h, v = i * stride - padding + p, j * stride - padding + q
-                                if 0 <= h < H and 0 <= v < W:
-                                    out[n, o, i, j] += w[o, c, p, q] * x[n, c, h, v]
+# the wrong kernels: the reference with one mistake edited in (tests/edits.py)
+# a true convolution: tap (p, q) uses the kernel's opposite entry
+conv_rows_flipped = edited(conv_rows_reference, "conv_rows_flipped", ("w[o, c, p, q]", "w[o, c, KH - 1 - p, KW - 1 - q]"))
+# forgets to shift the window by -padding: the zeros end up after the image only
+conv_rows_pad_one_side = edited(conv_rows_reference, "conv_rows_pad_one_side",
+                                ("i * stride - padding + p", "i * stride + p"), ("j * stride - padding + q", "j * stride + q"))
+conv_rows_no_stride = edited(conv_rows_reference, "conv_rows_no_stride",
+                             ("i * stride - padding + p", "i - padding + p"), ("j * stride - padding + q", "j - padding + q"))
+# adds into out as if it started at zero
+conv_rows_accumulates = edited(conv_rows_reference, "conv_rows_accumulates", ("acc = b[o]", "acc = out[n, o, i, j] + b[o]"))
 
 
 def conv_rows_plain_python(x, w, b, out, stride, padding):
