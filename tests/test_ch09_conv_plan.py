@@ -8,19 +8,13 @@ purpose (a lifetime that ignores views) to show that they catch it.
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+from onnx_models import onnx_model
 
 from course_lib.infer import Graph, InferenceSession, Node, Value, load, memory, passes
 from course_lib.infer.ops import conv as conv_ops
 
 F = TensorProto.FLOAT
-
-
-def _model(nodes, inputs, outputs, consts, opset=17):
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                          [helper.make_tensor_value_info(n, t, None) for n, t in outputs],
-                          [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
 def _ort(model, feeds):
@@ -49,7 +43,7 @@ def test_conv_matches_onnxruntime_both_ways_of_building_columns(monkeypatch, win
     conv_ops.conv_plan.cache_clear()
     rng = np.random.default_rng(len(x_shape) * 10 + len(attrs))
     x, w, b = _rand(rng, *x_shape), _rand(rng, *w_shape), _rand(rng, w_shape[0])
-    model = _model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)],
+    model = onnx_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)],
                    [("x", F, list(x.shape)), ("w", F, list(w.shape)), ("b", F, [w_shape[0]])], [("y", F)], {})
     feeds = {"x": x, "w": w, "b": b}
     ours, = InferenceSession(model).run(None, feeds)
@@ -64,7 +58,7 @@ def test_conv_transpose_matches_onnxruntime():
                            (dict(strides=[2], auto_pad="SAME_UPPER"), (3, 4, 7))):
         w = _rand(rng, 4, 3, *([3, 2] if len(x_shape) == 4 else [3]))
         x = _rand(rng, *x_shape)
-        model = _model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], **attrs)],
+        model = onnx_model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], **attrs)],
                        [("x", F, list(x.shape)), ("w", F, list(w.shape))], [("y", F)], {})
         ours, = InferenceSession(model).run(None, {"x": x, "w": w})
         np.testing.assert_allclose(ours, _ort(model, {"x": x, "w": w})[0], rtol=1e-4, atol=1e-4)
@@ -91,7 +85,7 @@ def _conv_chain(bias_as_add=False, group=1, relu=True, pool=True, pool_output_to
         last = "y"
     outputs = [(last, F)] + ([("r", F)] if pool_output_too else [])
     feeds = {"x": _rand(rng, 5, 4, 8, 6)}
-    return _model(nodes, [("x", F, [None, 4, 8, 6])], outputs, consts), feeds
+    return onnx_model(nodes, [("x", F, [None, 4, 8, 6])], outputs, consts), feeds
 
 
 @pytest.mark.parametrize("variant, expect", [
@@ -131,7 +125,7 @@ def test_conv_weights_are_packed_once_when_the_session_is_made(monkeypatch):
 def test_gemm_fusion_is_exact():
     rng = np.random.default_rng(9)
     n = helper.make_node
-    model = _model([n("Gemm", ["x", "w", "b"], ["h"], transB=1), n("Relu", ["h"], ["r"]),
+    model = onnx_model([n("Gemm", ["x", "w", "b"], ["h"], transB=1), n("Relu", ["h"], ["r"]),
                     n("Gemm", ["r", "w2"], ["y"], alpha=0.5)],
                    [("x", F, [None, 7])], [("y", F)], {"w": _rand(rng, 5, 7), "b": _rand(rng, 5), "w2": _rand(rng, 5, 3)})
     g = load(model)

@@ -3,7 +3,8 @@
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+from onnx_models import onnx_model
 
 from course_lib.infer import InferenceSession, load, passes
 from course_lib.infer.arena import keep_freed_memory
@@ -11,13 +12,6 @@ from course_lib.infer.fusions import fuse_elementwise, fuse_masked_softmax
 from course_lib.infer.ops import fused
 
 F = TensorProto.FLOAT
-
-
-def _model(nodes, inputs, outputs, consts, opset=17):
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                          [helper.make_tensor_value_info(n, t, None) for n, t in outputs],
-                          [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
 def _against_onnxruntime(model, feeds, fusion, expect_ops):
@@ -46,7 +40,7 @@ def _gelu_tanh(extra_output=None, vector_const=False):
     if vector_const:
         consts["k3"] = np.full(7, 0.044715, np.float32)
     outputs = [("y", F)] + ([(extra_output, F)] if extra_output else [])
-    return _model(nodes, [("x", F, [3, 5, 7])], outputs, consts)
+    return onnx_model(nodes, [("x", F, [3, 5, 7])], outputs, consts)
 
 
 X = {"x": np.random.default_rng(0).standard_normal((3, 5, 7)).astype(np.float32) * 3}
@@ -58,7 +52,7 @@ def test_gelu_tanh_becomes_one_node():
 
 def test_gelu_erf_becomes_one_node():
     n = helper.make_node
-    model = _model([n("Div", ["x", "r2"], ["s"]), n("Erf", ["s"], ["e"]), n("Add", ["e", "one"], ["p"]),
+    model = onnx_model([n("Div", ["x", "r2"], ["s"]), n("Erf", ["s"], ["e"]), n("Add", ["e", "one"], ["p"]),
                     n("Mul", ["x", "p"], ["q"]), n("Mul", ["q", "half"], ["y"])],
                    [("x", F, [3, 5, 7])], [("y", F)], {"r2": _c(np.sqrt(2)), "one": _c(1.0), "half": _c(0.5)})
     _against_onnxruntime(model, X, fuse_elementwise, ["Elementwise"])
@@ -83,7 +77,7 @@ def test_vector_constants_are_left_alone():
 
 def test_two_tensor_inputs_are_not_a_region():
     n = helper.make_node
-    model = _model([n("Mul", ["x", "z"], ["p"]), n("Tanh", ["p"], ["y"])],
+    model = onnx_model([n("Mul", ["x", "z"], ["p"]), n("Tanh", ["p"], ["y"])],
                    [("x", F, [3, 5, 7]), ("z", F, [3, 5, 7])], [("y", F)], {})
     assert [nd.op_type for nd in fuse_elementwise(load(model)).nodes] == ["Mul", "Tanh"]
 
@@ -121,7 +115,7 @@ def _attention(opset=17, scale_op="Div", mask_is_input=False, where_is_output=Fa
              "k": rng.standard_normal((2, 3, 4, 6)).astype(np.float32)}
     if mask_is_input:
         feeds["mask"] = mask
-    return _model(nodes, inputs, outputs, consts, opset), feeds
+    return onnx_model(nodes, inputs, outputs, consts, opset), feeds
 
 
 @pytest.mark.parametrize("scale_op", ["Div", "Mul"])
