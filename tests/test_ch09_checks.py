@@ -210,47 +210,20 @@ def test_execute_fixed_cases():
     expect_failure(check.execute, lambda g, f: _kahn(g, f, feeds_win=False), match="a feed wins")
 
 
-def test_fold_constants_fixed_cases():
-    # folds a node that reads 'scale', an initializer that the graph input 'scale' overrides
-    def shadowed_is_constant(graph):
-        g = graph.copy()
-        kept = []
-        for node in g.nodes:
-            if all(i == "" or i in g.initializers for i in node.inputs):
-                for name, v in zip(node.outputs, run_node(g, node, g.initializers)):
-                    g.initializers[name] = v
-            else:
-                kept.append(node)
-        g.nodes = kept
-        return g
-    expect_failure(check.fold_constants, shadowed_is_constant, match="only a default")
+# folds a node that reads 'scale', an initializer that the graph input 'scale' overrides
+shadowed_is_constant = edited(fold_constants, "shadowed_is_constant", (" and i not in fed", ""))
+# Clip(c1k, "", cap) stays
+empty_is_not_constant = edited(fold_constants, "empty_is_not_constant", ('i == "" or ', ""))
+# Split's second output is lost
+first_output_only = edited(fold_constants, "first_output_only",
+                           ("zip(node.outputs, run_node(g, node, g.initializers))",
+                            "zip(node.outputs[:1], run_node(g, node, g.initializers))"))
 
-    def empty_is_not_constant(graph):  # Clip(c1k, "", cap) stays
-        g = graph.copy()
-        fed = {v.name for v in g.inputs}
-        kept = []
-        for node in g.nodes:
-            if all(i in g.initializers and i not in fed for i in node.inputs):
-                for name, v in zip(node.outputs, run_node(g, node, g.initializers)):
-                    g.initializers[name] = v
-            else:
-                kept.append(node)
-        g.nodes = kept
-        return g
-    expect_failure(check.fold_constants, empty_is_not_constant, match="still there")
 
-    def first_output_only(graph):  # Split's second output is lost
-        g = graph.copy()
-        fed = {v.name for v in g.inputs}
-        kept = []
-        for node in g.nodes:
-            if all(i == "" or (i in g.initializers and i not in fed) for i in node.inputs):
-                g.initializers[node.outputs[0]] = run_node(g, node, g.initializers)[0]
-            else:
-                kept.append(node)
-        g.nodes = kept
-        return g
-    expect_failure(check.fold_constants, first_output_only, match="EVERY output")
+@pytest.mark.parametrize("wrong, hint", [(shadowed_is_constant, "only a default"), (empty_is_not_constant, "still there"),
+                                         (first_output_only, "EVERY output")])
+def test_fold_constants_fixed_cases(wrong, hint):
+    expect_failure(check.fold_constants, wrong, match=hint)
 
 
 def _fuse(graph, gemm_for_any_rank=False, bias_is_second=False):

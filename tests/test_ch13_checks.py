@@ -2,6 +2,7 @@
 numbers but break what the chapter is about (a graph with duplicate buffers, a rule that never fuses a
 reduction, a loop that no thread shares, a guard that refuses every new batch)."""
 
+import pytest
 from checking import expect_failure, expect_pass
 from edits import edited
 
@@ -69,31 +70,25 @@ def test_untouched_stubs_fail():
 # ---- and reject wrong ones -----------------------------------------------------------------------------
 
 
-def test_record_rejects():
-    expect_failure(check.record, record_by_tensor, match="by its memory")
-    expect_failure(check.record, record_no_copy, match="copy a constant")
-    expect_failure(check.record, record_no_producer, match="producer")
-    expect_failure(check.record, record_no_scratch, match="scratch")
-    expect_failure(check.record, record_const_per_use, match="one memory, one buffer")
-
-
-def test_can_join_rejects():
-    expect_failure(check.can_join, join_any_view, match="transpose")
-    expect_failure(check.can_join, join_any_dim, match="LAST dim")
-    expect_failure(check.can_join, join_out_of_order, match="producer.start")
-    expect_failure(check.can_join, join_no_reduction, match="reduction")
-    expect_failure(check.can_join, join_same_shape, match="rows")
-
-
-def test_pointwise_source_rejects():
-    expect_failure(check.pointwise_source, source_row_as_full, match="ROW")
-    expect_failure(check.pointwise_source, source_col_as_full, match="COL")
-    expect_failure(check.pointwise_source, source_stores_reversed, match="output 0")
-    expect_failure(check.pointwise_source, source_serial, match="prange")
-
-
-def test_guard_rejects():
-    expect_failure(check.guard, guard_any_dtype, match="another dtype")
-    expect_failure(check.guard, guard_any_type, match="another type")
-    expect_failure(check.guard, guard_no_name, match="must name the argument")
-    expect_failure(check.guard, guard_every_array, match="refused the call")
+@pytest.mark.parametrize("name, wrong, hint", [
+    ("record", record_by_tensor, "by its memory"),
+    ("record", record_no_copy, "copy a constant"),
+    ("record", record_no_producer, "producer"),
+    ("record", record_no_scratch, "scratch"),
+    ("record", record_const_per_use, "one memory, one buffer"),
+    ("can_join", join_any_view, "transpose"),
+    ("can_join", join_any_dim, "LAST dim"),
+    ("can_join", join_out_of_order, "producer.start"),
+    ("can_join", join_no_reduction, "reduction"),
+    ("can_join", join_same_shape, "rows"),
+    ("pointwise_source", source_row_as_full, "ROW"),
+    ("pointwise_source", source_col_as_full, "COL"),
+    ("pointwise_source", source_stores_reversed, "output 0"),
+    ("pointwise_source", source_serial, "prange"),
+    ("guard", guard_any_dtype, "another dtype"),
+    ("guard", guard_any_type, "another type"),
+    ("guard", guard_no_name, "must name the argument"),
+    ("guard", guard_every_array, "refused the call"),
+])
+def test_checks_reject(name, wrong, hint):
+    expect_failure(getattr(check, name), wrong, match=hint)
