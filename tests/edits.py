@@ -81,6 +81,6 @@ def _write(stem, digest, text):
             f.write(text)
         os.replace(f.name, path)        # atomic: a reader never sees half a file
         for old in folder.glob(f"{stem}_*.py"):
-            if old != path and len(old.stem) == len(path.stem):
+            if old != path and old.stem.rsplit("_", 1)[0] == stem:
                 old.unlink(missing_ok=True)
     return path

@@ -1,13 +1,11 @@
 """Chapter 02 on the learner's code: with the reference answers saved as a learner's, the digits MLP is
 built from them and the payoff reaches 95% test accuracy; one wrong piece stops it at once, named."""
 
-
 import carried
 import matplotlib
 import numpy as np
 import pytest
 
-from course_lib import yours
 from course_lib.checks import CheckFailed
 from course_lib.yours import tensor
 
@@ -37,11 +35,8 @@ def test_a_wrong_piece_stops_the_assembly_named(learner):
 
 
 def test_the_switch_runs_the_courses_pieces(learner, capsys):
-    yours.use("02", False)
-    try:
+    with carried.switched_off("02"):
         result = tensor.train_digits(epochs=10)
-    finally:
-        yours.use("02", True)
     assert "the course's broadcast_shape" in capsys.readouterr().out
     assert result["accuracy"] >= 0.95 and result["seconds_per_epoch"] > 0
     parts = tensor.assemble(quiet=True)

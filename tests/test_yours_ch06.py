@@ -6,38 +6,23 @@ views, and the payoff trains the digits MLP to the same losses; a wrong kernel s
 once, named; `yours.use("06", False)` runs the course's.
 """
 
-import shutil
-
+import carried
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import yours
 from course_lib.checks import CheckFailed
 from course_lib.tensor.backend import MAP_OPS, ZIP_OPS, get_backend
 from course_lib.tensor.numpy_backend import backend as numpy_backend
 from course_lib.tensor.tensor_data import TensorData, slice_view
 from course_lib.yours import numba_backend
-from tests import carried
 
 SOME_MAP_OPS, SOME_ZIP_OPS = ("id", "neg", "exp"), ("add", "sub", "mul", "div")   # a GPT's commonest
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """A workspace where solutions/06 (minus the payoff) ran as the learner's: every kernel saved."""
-    work = carried.saved_workspace(tmp_path_factory, "06")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COURSE_WORKSPACE", str(work))
-        yield work
-
-
-@pytest.fixture(scope="module")
-def payoff(saved):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COURSE_WORKSPACE", str(saved))
-        yield carried.run_payoff("06")
+saved, learner = carried.fixtures("06")   # solutions/06 (minus the payoff) ran as the learner's: every kernel saved
+payoff = carried.payoff_fixture("06")      # the payoff run once on it: (namespace, printed text)
 
 
 def test_payoff_trains_on_your_kernels_to_the_numpy_losses(payoff):
@@ -142,10 +127,7 @@ def test_special_values_as_the_numpy_backend(payoff):
                                            numpy_backend.zip(op, rows, cols).to_numpy(), rtol=1e-6, err_msg=op)
 
 
-def test_a_wrong_kernel_stops_the_payoff_named(saved, tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    shutil.copytree(saved, work)
-    monkeypatch.setenv("COURSE_WORKSPACE", str(work))
+def test_a_wrong_kernel_stops_the_payoff_named(learner):
     carried.break_piece("06", "flat_kernels", "fn(x[j if a_spread else 0], y[j if b_spread else 0])",
                         "fn(y[j if b_spread else 0], x[j if a_spread else 0])")     # a and b swapped
     namespace = {}
@@ -156,11 +138,8 @@ def test_a_wrong_kernel_stops_the_payoff_named(saved, tmp_path, monkeypatch):
 
 def test_switched_off_the_course_kernels_run(saved, monkeypatch, capsys):
     monkeypatch.setenv("COURSE_WORKSPACE", str(saved))
-    yours.use("06", False)
-    try:
+    with carried.switched_off("06"):
         backend = numba_backend.build()
-    finally:
-        yours.use("06", True)
     assert "none of your kernels" in capsys.readouterr().out
     assert not backend.kernels
     a = TensorData.from_numpy(np.arange(6.0).reshape(2, 3), np.float64)

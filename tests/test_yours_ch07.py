@@ -5,20 +5,18 @@ backend uses are saved: a notebook of the solution's set-up cells and those exer
 from the workspace's exercises/ as the learner's. Tensors stay small (a few hundred threads a launch).
 """
 
-import shutil
-
+import carried
 import nbformat
 import numpy as np
 import pytest
 
-from course_lib import device, launch, nbtools, yours
+from course_lib import device, launch, nbtools
 from course_lib.checks import CheckFailed
 from course_lib.learner import answers
 from course_lib.tensor.backend import get_backend
 from course_lib.tensor.numpy_backend import backend as numpy_backend
 from course_lib.tensor.tensor_data import TensorData, slice_view
 from course_lib.yours import cuda_backend
-from tests import carried
 
 EXERCISES = ("zip_add", "row_sum", "matmul_naive", "matmul_tiled")
 
@@ -40,19 +38,8 @@ def save_exercises(workspace, exercises=EXERCISES):
     assert sorted(answers.index("07")) == sorted(exercises)
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    work = carried.saved_workspace(tmp_path_factory, "07", save_exercises)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COURSE_WORKSPACE", str(work))
-        yield work
-
-
-@pytest.fixture(scope="module")
-def payoff(saved):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COURSE_WORKSPACE", str(saved))
-        yield carried.run_payoff("07")
+saved, learner = carried.fixtures("07", save=save_exercises)   # the four exercises saved; a copy per test
+payoff = carried.payoff_fixture("07")                            # the payoff run once on them
 
 
 def test_payoff_runs_the_mlp_on_your_kernels_like_numpy(payoff):
@@ -96,10 +83,7 @@ def close(yours_td, numpy_td):
     np.testing.assert_allclose(yours_td.to_numpy(), numpy_td.to_numpy(), rtol=tol, atol=tol)
 
 
-def test_a_wrong_kernel_stops_the_payoff_named(saved, tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    shutil.copytree(saved, work)
-    monkeypatch.setenv("COURSE_WORKSPACE", str(work))
+def test_a_wrong_kernel_stops_the_payoff_named(learner):
     carried.break_piece("07", "row_sum", "acc += a[row, col]", "acc += a[row, col] * 2")
     namespace = {}
     with pytest.raises(CheckFailed, match="your saved `row_sum`"):
@@ -109,11 +93,8 @@ def test_a_wrong_kernel_stops_the_payoff_named(saved, tmp_path, monkeypatch):
 
 def test_switched_off_the_course_kernels_run(saved, monkeypatch, capsys):
     monkeypatch.setenv("COURSE_WORKSPACE", str(saved))
-    yours.use("07", False)
-    try:
+    with carried.switched_off("07"):
         backend = cuda_backend.build()
-    finally:
-        yours.use("07", True)
     assert "none of your kernels" in capsys.readouterr().out
     a = TensorData.from_numpy(np.arange(6.0).reshape(2, 3), np.float32)
     close(backend.zip("add", a, a), numpy_backend.zip("add", a, a))

@@ -4,19 +4,17 @@ gives the course's engine."""
 
 import functools
 
-import nbformat
+import carried
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
 
-from course_lib import nbtools, yours
 from course_lib.checks import CheckFailed
 from course_lib.infer.models import MLP, course_gpt, export
 from course_lib.infer.ops import linalg
 from course_lib.infer.registry import lookup
 from course_lib.yours.engine import REFERENCE, Engine
-from tests import carried
 
 saved, learner = carried.fixtures("09")   # the reference answers saved as a learner's; a copy per test
 
@@ -75,11 +73,8 @@ def test_a_wrong_piece_stops_the_build_named_and_the_switch_gives_the_courses(le
     with pytest.raises(CheckFailed, match="your saved `gemm`") as failure:
         Engine(mlp_onx)
     assert "transB" in str(failure.value)
-    yours.use("09", False)
-    try:
+    with carried.switched_off("09"):
         engine = Engine(mlp_onx)
-    finally:
-        yours.use("09", True)
     assert engine.pieces == REFERENCE
     assert "the course's execute, gemm, softmax, reshape, fold_constants, fuse_matmul_add" in capsys.readouterr().out
     x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
@@ -93,23 +88,14 @@ def test_nothing_saved_runs_the_courses(workspace, mlp_onx, capsys):
     assert "chapter 09: none of your code saved yet" in capsys.readouterr().out
 
 
-def run_payoff(workspace):
-    """The notebook's payoff cells on a fresh kernel (as after a restart): they read work/yours, not the notebook."""
-    (workspace / "exercises").mkdir(exist_ok=True)
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in carried.payoff_cells("09")])
-    nb = nbtools.execute(nb, cwd=workspace / "exercises", allow_errors=True)
-    errors = [(k, o) for k, c in enumerate(nb.cells) for o in c.outputs if o.output_type == "error"]
-    return "".join(o.get("text", "") for c in nb.cells for o in c.outputs), errors
-
-
 def test_the_payoff_cells_run_on_the_saved_pieces_and_stop_at_a_wrong_one(learner):
-    text, errors = run_payoff(learner)
+    text, errors = carried.payoff_on_a_kernel("09", learner)
     assert not errors, errors
     assert "chapter 09: your execute" in text and "equal within float32 tolerance" in text
     assert "equal onnxruntime's within float32 tolerance: True" in text
 
     carried.break_piece("09", "softmax", "x - x.max(axis=axis, keepdims=True)", "x")  # no max shift: overflows
-    text, errors = run_payoff(learner)
+    text, errors = carried.payoff_on_a_kernel("09", learner)
     (cell, error), *_ = errors
     assert cell == 0 and error.ename == "CheckFailed" and "your saved `softmax`" in error.evalue, error.evalue
     assert "max |your engine" not in text

@@ -6,7 +6,7 @@ around their flash_forward and flash_backward. A wrong saved kernel stops the pa
 the switch, or nothing saved, gives the course's kernels.
 """
 
-
+import carried
 import numpy as np
 import pytest
 import torch
@@ -17,7 +17,6 @@ from course_lib.fused import attention_cpu, scan_cpu
 from course_lib.gpt.model import GPT, GPTConfig
 from course_lib.mamba import Mamba, MambaConfig
 from course_lib.yours import fused
-from tests import carried
 
 saved, learner = carried.fixtures("10")   # the reference answers saved as a learner's; a copy per test
 
@@ -82,11 +81,8 @@ def test_a_wrong_kernel_stops_the_payoff_at_once_named(learner):
 
 
 def test_switched_off_or_nothing_saved_the_courses_kernels_run(learner, tmp_path, monkeypatch, capsys):
-    yours.use("10", False)
-    try:
+    with carried.switched_off("10"):
         kernels = fused.assemble()
-    finally:
-        yours.use("10", True)
     assert kernels.pieces == fused.COURSE
     assert "the course's fused_scan, flash_forward, flash_backward, register_flash_attention" in capsys.readouterr().out
     monkeypatch.setenv("COURSE_WORKSPACE", str(tmp_path / "empty"))

@@ -3,12 +3,9 @@ on 2 worker processes with the learner's ring, DDP, ZeRO-1 wrapper and tensor-pa
 does; the workers run the learner's saved file, not the notebook; one wrong piece stops the assembly at
 once, named; the switch gives the course's pieces."""
 
-
 import carried
-import nbformat
 import pytest
 
-from course_lib import nbtools, yours
 from course_lib.checks import CheckFailed
 from course_lib.distributed import Code, carry
 from course_lib.yours import distributed
@@ -45,11 +42,8 @@ def test_a_wrong_piece_stops_the_assembly_named(learner):
 
 
 def test_the_switch_runs_the_courses_pieces(learner, capsys):
-    yours.use("11", False)
-    try:
+    with carried.switched_off("11"):
         parts = distributed.assemble()
-    finally:
-        yours.use("11", True)
     assert parts.pieces == distributed.COURSE
     assert f"chapter 11: your code switched off by yours.use; the course's {SIX}" in capsys.readouterr().out
     assert not any(parts.runs_yours(run) for run in ("ring", "ddp + zero", "tensor parallel"))
@@ -57,9 +51,4 @@ def test_the_switch_runs_the_courses_pieces(learner, capsys):
 
 def test_the_payoff_stops_at_once_on_a_wrong_piece(learner):
     carried.break_piece("11", "ring_all_reduce", "target.add_(buf)", "target.copy_(buf)")   # overwrites, never adds
-    (learner / "exercises").mkdir(exist_ok=True)
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in carried.payoff_cells("11")])
-    nb = nbtools.execute(nb, cwd=learner / "exercises", allow_errors=True)
-    errors = [(k, o) for k, c in enumerate(nb.cells) for o in c.outputs if o.output_type == "error"]
-    (cell, error), *_ = errors
-    assert cell == 0 and error.ename == "CheckFailed" and "your saved `ring_all_reduce`" in error.evalue
+    carried.assert_payoff_stops_at_once("11", learner, "ring_all_reduce")

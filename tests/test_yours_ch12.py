@@ -7,12 +7,11 @@ course's pieces run."""
 
 import shutil
 
-import nbformat
+import carried
 import numpy as np
 import pytest
 import torch
 
-from course_lib import nbtools, yours
 from course_lib.capstone import compare_training
 from course_lib.checks import CheckFailed
 from course_lib.gpt.model import GPT as TorchGPT
@@ -20,27 +19,10 @@ from course_lib.gpt.model import GPTConfig
 from course_lib.gpt.trainer import TrainConfig
 from course_lib.tensor import OPS, functions
 from course_lib.yours import ch12_capstone as capstone
-from tests import carried
 
 CONFIG = GPTConfig(vocab_size=23, block_size=12, n_layer=2, n_head=3, n_embd=18, dropout=0.0)
-CHAPTERS = ("01", "02", "06", "12")
-
-
-def _save_all(work):
-    for chapter in CHAPTERS:
-        carried.save_reference(chapter, work)
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    return carried.saved_workspace(tmp_path_factory, "12", save=_save_all) / "yours"
-
-
-@pytest.fixture
-def learner(workspace, saved):
-    """A fresh copy of the saved workspace, as the current one (a test may break a piece in it)."""
-    shutil.copytree(saved, workspace / "yours")
-    return workspace
+# chapter 12's assembly runs the learner's pieces of chapters 01, 02 and 06 too: all four saved; a copy per test
+saved, learner = carried.fixtures("01", "02", "06", "12")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +30,7 @@ def assembled(saved, tmp_path_factory):
     """One assembly for the tests that only run it: each assembly loads the saved modules afresh, and
     Numba compiles a fresh module's kernels again."""
     work = tmp_path_factory.mktemp("assembled") / "work"
-    shutil.copytree(saved, work / "yours")
+    shutil.copytree(saved, work)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COURSE_WORKSPACE", str(work))
         yield capstone.assemble()
@@ -123,11 +105,8 @@ def test_a_wrong_piece_stops_the_assembly_named_and_the_switch_gives_the_courses
     with pytest.raises(CheckFailed, match="your saved `embedding_function` .Embedding.") as failure:
         capstone.assemble()
     assert "write each row once" in str(failure.value)
-    yours.use("12", False)
-    try:
+    with carried.switched_off("12"):
         lib = capstone.assemble()
-    finally:
-        yours.use("12", True)
     assert lib.functions["Embedding"].inner is functions.Embedding and lib.functions["Embedding"].whose == "course"
     assert ("chapter 12: the course's Softmax, GELU, LayerNorm, Embedding, MaskedFill, causal_self_attention"
             in capsys.readouterr().out)
@@ -160,10 +139,4 @@ def test_nothing_saved_runs_the_courses_pieces_equal_to_pytorch(workspace, capsy
 
 def test_the_payoff_stops_at_once_on_a_wrong_piece(learner):
     carried.break_piece("12", "causal_self_attention", "k=1", "k=0")   # hides the diagonal too
-    (learner / "exercises").mkdir(exist_ok=True)
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in carried.payoff_cells("12")])
-    nb = nbtools.execute(nb, cwd=learner / "exercises", allow_errors=True)
-    errors = [(k, o) for k, c in enumerate(nb.cells) for o in c.outputs if o.output_type == "error"]
-    (cell, error), *_ = errors
-    assert cell == 0 and error.ename == "CheckFailed" and "your saved `causal_self_attention`" in error.evalue
-    assert "hides the diagonal" in error.evalue
+    assert "hides the diagonal" in carried.assert_payoff_stops_at_once("12", learner, "causal_self_attention")

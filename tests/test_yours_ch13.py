@@ -3,13 +3,11 @@ capstone GPT's training step, equal to chapter 12's eager step in float64; a wro
 assembly named; the switch gives the course's pieces; the payoff stops at once on a wrong piece; with
 chapter 12 saved too, the payoff compiles the learner's own chapter 12 GPT, equal to its eager step."""
 
-
-import nbformat
+import carried
 import numpy as np
 import pytest
 import torch
 
-from course_lib import nbtools, yours
 from course_lib.capstone import GPT
 from course_lib.capstone import configure_optimizer as eager_optimizer
 from course_lib.capstone import train_step as eager_step
@@ -19,17 +17,11 @@ from course_lib.gpt.model import GPT as TorchGPT
 from course_lib.gpt.model import GPTConfig
 from course_lib.gpt.trainer import TrainConfig
 from course_lib.yours import compiler
-from tests import carried, test_yours_ch12
 
 CONFIG = GPTConfig(vocab_size=17, block_size=10, n_layer=2, n_head=2, n_embd=12, dropout=0.0)
 
 
 saved, learner = carried.fixtures("13")   # the reference answers saved as a learner's; a copy per test
-
-
-def _save_with_chapter_12(work):
-    test_yours_ch12._save_all(work)   # chapters 01, 02, 06 and 12: chapter 12's assembly runs them all
-    carried.save_reference("13", work)
 
 
 def counted(fn, calls, name):
@@ -67,11 +59,8 @@ def test_a_wrong_piece_stops_the_assembly_named_and_the_switch_gives_the_courses
     with pytest.raises(CheckFailed, match="your saved `can_join`") as failure:
         compiler.assemble()
     assert "producer.start < group.first" in str(failure.value)
-    yours.use("13", False)
-    try:
+    with carried.switched_off("13"):
         pieces = compiler.assemble()
-    finally:
-        yours.use("13", True)
     assert (pieces.record, pieces.can_join, pieces.pointwise, pieces.guard) == tuple(compiler.COURSE.values())
     assert "the course's record, can_join, pointwise_source, guard" in capsys.readouterr().out
 
@@ -83,20 +72,14 @@ def test_nothing_saved_runs_the_courses_pieces(workspace):
 
 def test_the_payoff_stops_at_once_on_a_wrong_piece(learner):
     carried.break_piece("13", "guard", "if dtype != entry[2]:", "if False:")
-    (learner / "exercises").mkdir(exist_ok=True)
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in carried.payoff_cells("13")])
-    nb = nbtools.execute(nb, cwd=learner / "exercises", allow_errors=True)
-    errors = [(k, o) for k, c in enumerate(nb.cells) for o in c.outputs if o.output_type == "error"]
-    (cell, error), *_ = errors
-    assert cell == 0 and error.ename == "CheckFailed" and "your saved `guard`" in error.evalue
-    assert "another dtype" in error.evalue
+    assert "another dtype" in carried.assert_payoff_stops_at_once("13", learner, "guard")
 
 
 def test_the_payoff_compiles_the_learners_chapter_12_gpt(tmp_path_factory, monkeypatch):
     """Chapters 01, 02, 06, 12 and 13 saved: the payoff's GPT is the learner's chapter 12 assembly, compiled by
     their compiler; their numpy backwards (Embedding, matmul_backward, cross-entropy) replay as islands, and
     the compiled losses and gradients equal the eager step's on their library within 1e-12."""
-    work = carried.saved_workspace(tmp_path_factory, "13", save=_save_with_chapter_12)
+    work = carried.saved_workspace(tmp_path_factory, "01", "02", "06", "12", "13")   # chapter 12's GPT needs all four
     monkeypatch.setenv("COURSE_WORKSPACE", str(work))
     monkeypatch.delenv("COURSE_PROGRESS_FILE", raising=False)
     namespace, out = carried.run_payoff("13")
