@@ -110,6 +110,23 @@ def test_bad_feeds():
         sess.run(None, {"x": np.zeros((2, 3), np.float32), "z": np.zeros(1)})
 
 
+def test_bad_feeds_after_good_ones():
+    """The session checks a feed fully only when its shapes and dtypes differ from the last good one's:
+    a bad feed after good runs must still be refused, whatever it gets wrong."""
+    sess = InferenceSession(_tiny())
+    rng = np.random.default_rng(3)
+    good = rng.standard_normal((2, 3)).astype(np.float32)
+    first = sess.run(None, {"x": good})[0].copy()
+    sess.run(None, {"x": good})
+    bad = [({}, "missing inputs"), ({"x": good.astype(np.float64)}, "dtype float64"),
+           ({"x": good[:, :2].copy()}, r"shape \(2, 2\)"), ({"x": good, "z": good}, "unknown inputs"),
+           ({"x": good.tolist()}, "must be a numpy array"), ({"z": good}, "missing inputs")]
+    for feeds, message in bad:
+        with pytest.raises(InvalidInput, match=message):
+            sess.run(None, feeds)
+    np.testing.assert_array_equal(sess.run(None, {"x": good})[0], first)
+
+
 def test_schedule_ignores_file_order():
     g = load(_tiny())
     g.nodes.reverse()
