@@ -102,7 +102,7 @@ class InferenceSession:
             check_feeds(self.graph, feeds)
             self.checked = signature
         steps = self.steps
-        if self.plans and on_node is None:
+        if self.plans and on_node is None and signature is not None:   # None: an ndarray subclass, no plan
             if self.planned is not None and self.planned[0] == signature:
                 steps = self.planned[1]
             else:   # this run measures every intermediate, and the next ones use the plan made from it
