@@ -37,6 +37,9 @@ import numba
 import numpy as np
 from numba import cfunc, njit
 
+from course_lib.fast.indexing import flat as _flat
+from course_lib.fast.indexing import fresh as _fresh
+from course_lib.fast.plans import run_shape, strides
 from course_lib.fast.pool import set_threads  # your strided kernels are parallel; small work runs on one thread
 from course_lib.tensor import scalar_ops
 from course_lib.tensor.backend import Backend
@@ -78,30 +81,6 @@ def _ints(values):
 def _storage(view):
     """The view's storage from its first element on (your kernels read position 0 as the offset)."""
     return view.storage[view.offset:] if view.offset else view.storage
-
-
-def _flat(view):
-    """The elements of a contiguous view, as a 1-D array of exactly its size (no copy)."""
-    storage = view.storage
-    if view.offset == 0 and storage.size == view.size:
-        return storage
-    return storage[view.offset:view.offset + view.size]
-
-
-def _run_shape(shape):
-    """Shapes as your strided kernels walk them: a 0-d tensor runs as shape (1,)."""
-    return shape if shape else (1,)
-
-
-def _strides_as(view, shape):
-    """view's strides read as `shape` (stride 0 along broadcast dims), as int64."""
-    view = view if view.shape == shape else view.expand(shape)
-    return _ints(view.strides if view.strides else (0,))
-
-
-def _fresh(shape, dtype):
-    shape = tuple(shape)
-    return TensorData.contiguous(np.empty(math.prod(shape), dtype=dtype), shape)
 
 
 class YoursNumbaBackend(Backend):
@@ -182,13 +161,12 @@ class YoursNumbaBackend(Backend):
         if same and "flat_map" in k:
             self._run("flat_map", k["flat_map"], op_inlined(op), _flat(out), _flat(a))
         elif op == "id" and "strided_copy" in k:
-            shape = _run_shape(out.shape)
-            self._run("strided_copy", k["strided_copy"], _storage(out), _ints(shape), _strides_as(out, out.shape),
-                      _storage(a), _strides_as(a, out.shape))
+            self._run("strided_copy", k["strided_copy"], _storage(out), run_shape(out.shape), strides(out, out.shape),
+                      _storage(a), strides(a, out.shape))
         elif "strided_map" in k:
             set_threads(out.size)
-            self._run("strided_map", k["strided_map"], op_pointer(op), _storage(out), _ints(_run_shape(out.shape)),
-                      _strides_as(out, out.shape), _storage(a), _strides_as(a, out.shape))
+            self._run("strided_map", k["strided_map"], op_pointer(op), _storage(out), run_shape(out.shape),
+                      strides(out, out.shape), _storage(a), strides(a, out.shape))
         else:
             return self._course(f"map {op}", self.course.map, op, a, out)
         return out
@@ -209,10 +187,9 @@ class YoursNumbaBackend(Backend):
                       _flat(a), a_row, a_spread, _flat(b), b_row, b_spread)
         elif "strided_zip" in k:
             set_threads(out.size)
-            run = _run_shape(shape)
-            self._run("strided_zip", k["strided_zip"], op_pointer(op), _storage(out), _ints(run),
-                      _strides_as(out, shape), _storage(a), _ints(_run_shape(a.shape)), _ints(a.strides or (0,)),
-                      _storage(b), _ints(_run_shape(b.shape)), _ints(b.strides or (0,)))
+            self._run("strided_zip", k["strided_zip"], op_pointer(op), _storage(out), run_shape(shape),
+                      strides(out, shape), _storage(a), run_shape(a.shape), _ints(a.strides or (0,)),
+                      _storage(b), run_shape(b.shape), _ints(b.strides or (0,)))
         else:
             return self._course(f"zip {op}", self.course.zip, op, a, b, out)
         return out
