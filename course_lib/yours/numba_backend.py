@@ -29,7 +29,6 @@ the exercises' kernels expect (they read position 0 of the storage as the view's
 `meter`, when set (chapter 12's payoff sets one), times every kernel call by whose kernel ran it.
 """
 
-import collections
 import functools
 import math
 
@@ -42,7 +41,6 @@ from course_lib.fast.indexing import fresh as _fresh
 from course_lib.fast.plans import run_shape, strides
 from course_lib.fast.pool import set_threads  # your strided kernels are parallel; small work runs on one thread
 from course_lib.tensor import scalar_ops
-from course_lib.tensor.backend import Backend
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
 from course_lib.yours import backends
 
@@ -83,18 +81,14 @@ def _storage(view):
     return view.storage[view.offset:] if view.offset else view.storage
 
 
-class YoursNumbaBackend(Backend):
-    """map, zip, reduce "sum" and matmul on your kernels where they are given; the rest on `course`.
-
-    kernels: {piece name: your function} for the names of PIECES (a missing one: None or absent).
-    course: the backend that serves what none of your kernels does (the course's Numba backend)."""
+class YoursNumbaBackend(backends.BackendOfYours):
+    """map, zip, reduce "sum" and matmul on your kernels (the names of PIECES) where they are given; the
+    rest on `course`, the course's Numba backend."""
 
     name = NAME
 
     def __init__(self, kernels, course):
-        self.kernels = {k: v for k, v in kernels.items() if v is not None}
-        self.course = course
-        self.calls = collections.Counter()  # how many times each of your kernels ran
+        super().__init__(kernels, course)
         self.meter = None                   # chapter 12's meter, while it measures a step
         self._entries = {}                  # your kernels' compiled versions, by argument types (_compiled)
         row_layout = self.kernels.get("row_layout")
