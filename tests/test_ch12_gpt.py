@@ -70,11 +70,22 @@ def test_greedy_generation_matches(backend):
 def test_sampling_is_seeded_and_respects_top_k():
     ours = GPT.from_torch(reference(seed=5))
     prompt = np.random.default_rng(5).integers(0, CONFIG.vocab_size, (3, 4))
-    a = ours.generate(prompt, 6, temperature=0.8, top_k=1, rng=np.random.default_rng(1))
+    a = ours.generate(prompt, 6, temperature=0.8, top_k=1, generator=torch.Generator().manual_seed(1))
     np.testing.assert_array_equal(a, ours.generate(prompt, 6, temperature=0))       # top_k=1 is greedy
-    b = ours.generate(prompt, 6, temperature=1.5, rng=np.random.default_rng(2))
-    np.testing.assert_array_equal(b, ours.generate(prompt, 6, temperature=1.5, rng=np.random.default_rng(2)))
+    b = ours.generate(prompt, 6, temperature=1.5, generator=torch.Generator().manual_seed(2))
+    np.testing.assert_array_equal(b, ours.generate(prompt, 6, temperature=1.5, generator=torch.Generator().manual_seed(2)))
     assert b.shape == (3, 10) and (b[:, :4] == prompt).all()
+
+
+def test_sampling_draws_the_tokens_of_chapter_04s_gpt_in_float64():
+    """One sampling loop for both GPTs: from the same float64 weights and the same seed, the same tokens,
+    past block_size too (chapter 04's with its KV cache, the capstone's rerunning the context)."""
+    ref = reference(seed=6)
+    ours = GPT.from_torch(ref)
+    prompt = np.random.default_rng(6).integers(0, CONFIG.vocab_size, (2, 3))
+    want = generate(ref, torch.tensor(prompt), 20, temperature=1.3, top_k=9, generator=torch.Generator().manual_seed(8))
+    got = ours.generate(prompt, 20, temperature=1.3, top_k=9, generator=torch.Generator().manual_seed(8))
+    np.testing.assert_array_equal(got, want.numpy())
 
 
 def test_training_loss_curve_matches_in_float64(backend):
