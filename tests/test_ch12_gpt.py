@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from course_lib import capstone
 from course_lib.capstone import GPT, compare_training
 from course_lib.data import load_text
+from course_lib.gpt import make_get_batch, trainer
 from course_lib.gpt.generate import generate
 from course_lib.gpt.model import GPT as TorchGPT
 from course_lib.gpt.model import GPTConfig
@@ -97,6 +99,25 @@ def test_training_loss_curve_matches_in_float64(backend):
     theirs, ours = compare_training(config, cfg, tok.encode(text), steps=6)
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
     assert theirs[-1] < theirs[0]          # it learns: the comparison is not between two flat lines
+
+
+def test_one_train_function_trains_both_gpts_alike_in_float64():
+    """Chapter 04's `train`, given the course's library, follows PyTorch's run from the same weights on the
+    same batches: every step's loss and lr, every evaluation, in chapter 04's history format."""
+    text = load_text()[:20000]
+    tok = CharTokenizer(text)
+    ids = torch.tensor(tok.encode(text))
+    config = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
+    cfg = TrainConfig(max_iters=5, batch_size=3, lr=3e-3, warmup_iters=2, lr_decay_iters=4, min_lr=1e-3,
+                      eval_interval=2, eval_iters=2)
+    ref = reference(config=config)
+    ours = GPT.from_torch(ref)
+    theirs = trainer.train(ref, make_get_batch(ids, 16, 3, seed=2), cfg, progress=False)
+    mine = capstone.train(ours, make_get_batch(ids, 16, 3, seed=2), cfg)
+    assert set(mine) == set(theirs) and mine["iter"] == theirs["iter"] == list(range(5))
+    assert mine["lr"] == theirs["lr"] and mine["eval_iter"] == theirs["eval_iter"] == [0, 2, 4, 5]
+    for key in ("loss", "train_loss", "val_loss"):
+        np.testing.assert_allclose(mine[key], theirs[key], rtol=0, atol=1e-10, err_msg=key)
 
 
 @pytest.mark.slow

@@ -57,8 +57,12 @@ class Library:
     to_device: Optional[Callable] = None     # (batch, model) -> the batch where the model's parameters are
 
 
+def _to_model_device(batch, model):
+    return batch.to(next(model.parameters()).device)
+
+
 TORCH = Library("torch", _torch_adamw, torch.nn.utils.clip_grad_norm_, torch.no_grad, torch.manual_seed,
-                lambda batch, model: batch.to(next(model.parameters()).device))
+                _to_model_device)
 
 
 def configure_optimizer(model, cfg, lib=TORCH):
