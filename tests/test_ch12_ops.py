@@ -343,6 +343,7 @@ def test_a_group_without_lr_takes_the_constructors(rng):
     assert [g["lr"] for g in opt.param_groups] == [0.25, 0.5]
     opt = optim.SGD(ours, lr=0.125)
     assert opt.lr == 0.125 and opt.param_groups[0]["lr"] == 0.125
+    assert optim.Adam([], lr=0.5).lr == 0.5                    # no parameters (chapter 02 calls update alone)
 
 
 # ---- the op registry: the library's declared plug-in point for Functions and the backward's order --------

@@ -40,7 +40,7 @@ class Optimizer:
     def lr(self):
         """The learning rate, as `update` reads it: one number when every group has the same (the usual
         case), else a flat tensor holding each parameter's group's lr."""
-        return self.per_element("lr", None, self.params[0], keep_zero=True)
+        return self.per_element("lr", None, self.params[0] if self.params else None, keep_zero=True)
 
     @lr.setter
     def lr(self, value):
