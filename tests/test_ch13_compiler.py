@@ -231,7 +231,7 @@ def test_a_value_read_mid_step_breaks_the_graph_naming_the_line(capsys):
         assert isinstance(loss, float) and math.isfinite(loss)
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("compile: `train_step` runs eagerly: graph break: optim.py:")
-    assert "clip_grad_norm_" in line and "train.py:" in line and ".item()" in line
+    assert "clip_grad_norm_" in line and "trainer.py:" in line and ".item()" in line
     assert step.stats.eager == 2
 
 
