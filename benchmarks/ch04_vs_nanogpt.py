@@ -151,15 +151,16 @@ def main():
         cells = "".join(f"{statistics.median(phases[name][ph][args.warmup:]):>10.2f}" for ph in PHASES)
         print(f"{name:<26}{cells}{statistics.median(steps[name]):>10.2f}{losses[name]:>9.4f}")
 
-    def ratio(a, b):
-        return statistics.median(s / t for s, t in zip(steps[a], steps[b]))
+    def ratios(a, b):
+        return [s / t for s, t in zip(steps[a], steps[b])]
 
-    print("\nratios (median over steps of the per-round ratio; lower is faster)")
+    print("\nratios (median over steps of the per-round ratio, and its lowest and highest; lower is faster)")
     for course, peer, goal in (("course, nanoGPT's math", "nanoGPT bias=False", "the same function"),
                                ("course bias=False", "nanoGPT bias=False", "goal: at most 1.0"),
                                ("course (GPT-2)", "nanoGPT bias=True", "goal: at most 1.05"),
                                ("course (GPT-2)", "nanoGPT bias=False", "biases and GELU cost")):
-        print(f"  {course:<24} / {peer:<20} {ratio(course, peer):6.3f}   ({goal})")
+        r = ratios(course, peer)
+        print(f"  {course:<24} / {peer:<20} {statistics.median(r):6.3f}  ({min(r):.3f}-{max(r):.3f})   ({goal})")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Models: the MLP, chapter 08's CNN (both trained 4 epochs on the digits) and chap
 from course_lib.infer.models, exported with
 torch.onnx.export(dynamo=False); batch 1 and 32; the engine without and with its passes.
 A ratio is engine time / onnxruntime time (lower is better; 1.0 means as fast): the median, over
-interleaved rounds, of the ratio within each round. In a round each contestant runs back to back
+interleaved rounds, of the ratio within each round (for the engine with passes, the lowest and highest
+round too: a wide spread says the machine was busy). In a round each contestant runs back to back
 for about a millisecond (at least once), and its time is the mean of those calls.
 
     .venv/bin/python benchmarks/ch09_vs_onnxruntime.py [--repeats 20] [--threads 1] [--clock cpu]
@@ -40,8 +41,8 @@ def side_by_side(fns, repeats, clock=time.perf_counter):
     calls of each take about a millisecond; a round runs that many back to back).
 
     Interleaving spreads any load from other processes evenly over the contestants. Returns the median
-    milliseconds per call of each and, for each function after the first, the median over rounds of its
-    time divided by the first's time in the same round."""
+    milliseconds per call of each and, for each function after the first, its time divided by the first's
+    time in the same round: (median, min, max) over the rounds."""
     calls = []
     for fn in fns:
         t0 = clock()
@@ -54,7 +55,8 @@ def side_by_side(fns, repeats, clock=time.perf_counter):
             for _ in range(n):
                 fn()
             times[r, k] = (clock() - t0) / n
-    ratios = [float(np.median(times[:, k] / times[:, 0])) for k in range(1, len(fns))]
+    per_round = [times[:, k] / times[:, 0] for k in range(1, len(fns))]
+    ratios = [(float(np.median(r)), float(r.min()), float(r.max())) for r in per_round]
     return 1e3 * np.median(times, axis=0), ratios
 
 
@@ -114,7 +116,7 @@ def main():
           f"intra_op {options.intra_op_num_threads}, inter_op {options.inter_op_num_threads}; torch (export only) "
           f"{torch.get_num_threads()}")
     print(f"{'model':<20}{'batch':>6}{'ort ms':>10}{'engine ms':>11}{'ratio':>8}{'+passes ms':>12}{'ratio':>8}"
-          f"{'max|diff|':>11}")
+          f"{'(min-max)':>13}{'max|diff|':>11}")
     wanted = args.models.split(",")
     for name, onx, feeds_for in models():
         if name.split(" ")[0] not in wanted:
@@ -129,8 +131,9 @@ def main():
             (t_ort, t_plain, t_fast), (r_plain, r_fast) = side_by_side(
                 [lambda: ref.run(None, feeds), lambda: plain.run(None, feeds), lambda: fast.run(None, feeds)],
                 args.repeats, clock)
-            print(f"{name:<20}{batch:>6}{t_ort:>10.3f}{t_plain:>11.3f}{r_plain:>8.2f}"
-                  f"{t_fast:>12.3f}{r_fast:>8.2f}{diff:>11.2e}")
+            spread = f"{r_fast[1]:.2f}-{r_fast[2]:.2f}"
+            print(f"{name:<20}{batch:>6}{t_ort:>10.3f}{t_plain:>11.3f}{r_plain[0]:>8.2f}"
+                  f"{t_fast:>12.3f}{r_fast[0]:>8.2f}{spread:>13}{diff:>11.2e}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from course_lib import CHECKOUT, REPO_DIR, build, launch, nbtools
+from course_lib.fast.cache import drop_stale_kernels
 from course_lib.learner import answers, progress, workspace
 
 GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
@@ -332,6 +333,7 @@ def main(argv=None):
     if args.cmd in NEEDS_CHECKOUT and not CHECKOUT:
         print(needs_checkout(args.cmd), file=sys.stderr)
         return 2
+    drop_stale_kernels()  # before any kernel runs here or in a notebook this command starts (fast/cache.py)
     return args.fn(args) or 0
 
 

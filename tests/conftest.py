@@ -5,11 +5,14 @@ import os
 import pytest
 
 from course_lib import device
+from course_lib.fast.cache import drop_stale_kernels
 
 # Choose the GPU or the simulator before any test module imports numba.cuda: Numba reads the
 # choice once, so a test file whose imports (sorted by the linter) load numba.cuda first would
 # otherwise fix it too early.
 device.setup(verbose=False)
+# Numba's saved kernels, dropped if a file they inline changed since they were compiled (fast/cache.py).
+drop_stale_kernels()
 
 
 def pytest_addoption(parser):

@@ -206,23 +206,6 @@ def test_matmul_big_blocks_and_ragged_edges(n, k, m):
     np.testing.assert_allclose(yours.to_numpy(), (torch.tensor(a) @ torch.tensor(b)).numpy(), rtol=1e-12, atol=1e-12)
 
 
-def test_cached_kernels_are_dropped_when_the_inlined_scalar_ops_change(tmp_path):
-    """The kernels inline tensor/scalar_ops.py, which Numba's cache does not watch: a changed
-    fingerprint deletes the cached machine code; an unchanged one keeps it."""
-    from course_lib import fast
-
-    (tmp_path / "ops.unary-1.py311.nbi").write_text("index")
-    (tmp_path / "ops.unary-1.py311.1.nbc").write_text("code")
-    fast._drop_stale_kernels(tmp_path)  # no fingerprint yet: drop and stamp
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["inlined.sha256"]
-    (tmp_path / "ops.unary-1.py311.nbi").write_text("index")
-    fast._drop_stale_kernels(tmp_path)  # same sources: keep
-    assert (tmp_path / "ops.unary-1.py311.nbi").exists()
-    (tmp_path / "inlined.sha256").write_text("an older fingerprint")
-    fast._drop_stale_kernels(tmp_path)
-    assert not (tmp_path / "ops.unary-1.py311.nbi").exists()
-
-
 def close_reduction(ours, x, op, dim):
     """ours against numpy's reduction of x in float64. max is exact; a float32 sum of n numbers may differ
     from the exact one by about n * eps * max|x| (the order of the additions differs from numpy's)."""

@@ -136,6 +136,40 @@ def test_gemm_fusion_is_exact():
     np.testing.assert_allclose(InferenceSession(fused).run(None, feeds)[0], _ort(model, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_gemm_fusion_turns_a_constant_bias_into_a_row_only():
+    """A 1-D constant C becomes a (1, N) row under a new name; a C that the caller feeds stays as it is;
+    the outputs stay bit for bit, at batch 1 too (where BLAS may take another routine)."""
+    rng = np.random.default_rng(10)
+    n = helper.make_node
+    model = onnx_model([n("Gemm", ["x", "w", "b"], ["h"], transB=1), n("Relu", ["h"], ["r"]),
+                    n("Gemm", ["r", "w2", "c"], ["y"])],
+                   [("x", F, [None, 7]), ("c", F, [3])], [("y", F)],
+                   {"w": _rand(rng, 5, 7), "b": _rand(rng, 5), "w2": _rand(rng, 5, 3)})
+    g = load(model)
+    fused = passes.fuse_gemm(g)
+    first, second = fused.nodes
+    assert fused.initializers[first.inputs[2]].shape == (1, 5) and "b" not in fused.initializers
+    assert second.inputs[2] == "c" and "c" not in fused.initializers
+    for batch in (1, 4):
+        feeds = {"x": _rand(rng, batch, 7), "c": _rand(rng, 3)}
+        assert passes.verify(g, fused, feeds)
+        ours = InferenceSession(fused)
+        for _ in range(3):   # the first run plans the buffers, the next ones use them
+            np.testing.assert_array_equal(ours.run(None, feeds)[0], InferenceSession(g).run(None, feeds)[0])
+        np.testing.assert_allclose(ours.run(None, feeds)[0], _ort(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_relu_zeros_are_shared_and_read_only():
+    from course_lib.infer.ops.fused import zeros_like
+
+    rng = np.random.default_rng(12)
+    y = _rand(rng, 3, 5)
+    z = zeros_like(y)
+    assert z.shape == y.shape and z.dtype == y.dtype and not z.any() and not z.flags.writeable
+    big = zeros_like(np.ones((100, 100), np.float64))
+    assert big.shape == (100, 100) and big.dtype == np.float64 and not big.any()
+
+
 # ---- buffers from the memory plan ---------------------------------------------------------------
 
 def _aliasing_graph():

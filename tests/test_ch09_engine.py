@@ -110,6 +110,23 @@ def test_bad_feeds():
         sess.run(None, {"x": np.zeros((2, 3), np.float32), "z": np.zeros(1)})
 
 
+def test_bad_feeds_after_good_ones():
+    """The session checks a feed fully only when its shapes and dtypes differ from the last good one's:
+    a bad feed after good runs must still be refused, whatever it gets wrong."""
+    sess = InferenceSession(_tiny())
+    rng = np.random.default_rng(3)
+    good = rng.standard_normal((2, 3)).astype(np.float32)
+    first = sess.run(None, {"x": good})[0].copy()
+    sess.run(None, {"x": good})
+    bad = [({}, "missing inputs"), ({"x": good.astype(np.float64)}, "dtype float64"),
+           ({"x": good[:, :2].copy()}, r"shape \(2, 2\)"), ({"x": good, "z": good}, "unknown inputs"),
+           ({"x": good.tolist()}, "must be a numpy array"), ({"z": good}, "missing inputs")]
+    for feeds, message in bad:
+        with pytest.raises(InvalidInput, match=message):
+            sess.run(None, feeds)
+    np.testing.assert_array_equal(sess.run(None, {"x": good})[0], first)
+
+
 def test_schedule_ignores_file_order():
     g = load(_tiny())
     g.nodes.reverse()
@@ -307,3 +324,23 @@ def test_export_bytes_round_trip():
     buf = export(MLP(), torch.randn(1, 64), ["x"], ["y"])
     assert onnx.load_from_string(buf).graph.input[0].name == "x"
     assert isinstance(io.BytesIO(buf).getvalue(), bytes)
+
+
+def test_feeds_of_an_ndarray_subclass_are_never_planned_with_stale_shapes():
+    """A feed that is an ndarray subclass has no cached signature: each run checks it and runs unplanned,
+    so a run with other shapes never reuses buffers sized for the last ones."""
+    from course_lib.infer.models import MLP, export
+
+    torch.manual_seed(0)
+    onx = export(MLP(), torch.randn(2, 64), ["x"], ["y"], {"x": {0: "batch"}})
+    sess = InferenceSession(onx, optimize=True)
+    rng = np.random.default_rng(4)
+    for batch in (3, 5, 3, 7):
+        x = rng.standard_normal((batch, 64)).astype(np.float32)
+        ours = sess.run(None, {"x": x.view(_Sub)})[0]
+        np.testing.assert_allclose(ours, _ort(onx, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    assert sess.planned is None   # a plan keyed by no signature would serve any shapes
+
+
+class _Sub(np.ndarray):
+    pass

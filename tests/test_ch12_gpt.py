@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from course_lib import capstone
 from course_lib.capstone import GPT, compare_training
 from course_lib.data import load_text
+from course_lib.gpt import make_get_batch, trainer
 from course_lib.gpt.generate import generate
 from course_lib.gpt.model import GPT as TorchGPT
 from course_lib.gpt.model import GPTConfig
@@ -70,11 +72,22 @@ def test_greedy_generation_matches(backend):
 def test_sampling_is_seeded_and_respects_top_k():
     ours = GPT.from_torch(reference(seed=5))
     prompt = np.random.default_rng(5).integers(0, CONFIG.vocab_size, (3, 4))
-    a = ours.generate(prompt, 6, temperature=0.8, top_k=1, rng=np.random.default_rng(1))
+    a = ours.generate(prompt, 6, temperature=0.8, top_k=1, generator=torch.Generator().manual_seed(1))
     np.testing.assert_array_equal(a, ours.generate(prompt, 6, temperature=0))       # top_k=1 is greedy
-    b = ours.generate(prompt, 6, temperature=1.5, rng=np.random.default_rng(2))
-    np.testing.assert_array_equal(b, ours.generate(prompt, 6, temperature=1.5, rng=np.random.default_rng(2)))
+    b = ours.generate(prompt, 6, temperature=1.5, generator=torch.Generator().manual_seed(2))
+    np.testing.assert_array_equal(b, ours.generate(prompt, 6, temperature=1.5, generator=torch.Generator().manual_seed(2)))
     assert b.shape == (3, 10) and (b[:, :4] == prompt).all()
+
+
+def test_sampling_draws_the_tokens_of_chapter_04s_gpt_in_float64():
+    """One sampling loop for both GPTs: from the same float64 weights and the same seed, the same tokens,
+    past block_size too (chapter 04's with its KV cache, the capstone's rerunning the context)."""
+    ref = reference(seed=6)
+    ours = GPT.from_torch(ref)
+    prompt = np.random.default_rng(6).integers(0, CONFIG.vocab_size, (2, 3))
+    want = generate(ref, torch.tensor(prompt), 20, temperature=1.3, top_k=9, generator=torch.Generator().manual_seed(8))
+    got = ours.generate(prompt, 20, temperature=1.3, top_k=9, generator=torch.Generator().manual_seed(8))
+    np.testing.assert_array_equal(got, want.numpy())
 
 
 def test_training_loss_curve_matches_in_float64(backend):
@@ -86,6 +99,25 @@ def test_training_loss_curve_matches_in_float64(backend):
     theirs, ours = compare_training(config, cfg, tok.encode(text), steps=6)
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
     assert theirs[-1] < theirs[0]          # it learns: the comparison is not between two flat lines
+
+
+def test_one_train_function_trains_both_gpts_alike_in_float64():
+    """Chapter 04's `train`, given the course's library, follows PyTorch's run from the same weights on the
+    same batches: every step's loss and lr, every evaluation, in chapter 04's history format."""
+    text = load_text()[:20000]
+    tok = CharTokenizer(text)
+    ids = torch.tensor(tok.encode(text))
+    config = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
+    cfg = TrainConfig(max_iters=5, batch_size=3, lr=3e-3, warmup_iters=2, lr_decay_iters=4, min_lr=1e-3,
+                      eval_interval=2, eval_iters=2)
+    ref = reference(config=config)
+    ours = GPT.from_torch(ref)
+    theirs = trainer.train(ref, make_get_batch(ids, 16, 3, seed=2), cfg, progress=False)
+    mine = capstone.train(ours, make_get_batch(ids, 16, 3, seed=2), cfg)
+    assert set(mine) == set(theirs) and mine["iter"] == theirs["iter"] == list(range(5))
+    assert mine["lr"] == theirs["lr"] and mine["eval_iter"] == theirs["eval_iter"] == [0, 2, 4, 5]
+    for key in ("loss", "train_loss", "val_loss"):
+        np.testing.assert_allclose(mine[key], theirs[key], rtol=0, atol=1e-10, err_msg=key)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from course_lib.checks import CheckFailed
 from course_lib.infer.models import MLP, course_gpt, export
 from course_lib.infer.ops import linalg
 from course_lib.infer.registry import lookup
-from course_lib.yours.engine import REFERENCE, Engine
+from course_lib.yours.infer import REFERENCE, Engine
 
 saved, learner = carried.fixtures("09")   # the reference answers saved as a learner's; a copy per test
 

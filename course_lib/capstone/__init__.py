@@ -7,4 +7,11 @@
 """
 
 from course_lib.capstone.model import GPT, GPTConfig  # noqa: F401
-from course_lib.capstone.train import compare_training, configure_optimizer, estimate_loss, train, train_step  # noqa: F401
+from course_lib.capstone.train import (  # noqa: F401
+    COURSE,
+    compare_training,
+    configure_optimizer,
+    estimate_loss,
+    train,
+    train_step,
+)

@@ -12,7 +12,9 @@ Every op runs on the current backend of course_lib.tensor: numpy, or chapter 06'
 import math
 
 import numpy as np
+import torch
 
+from course_lib.gpt.generate import sample
 from course_lib.gpt.model import GPTConfig  # noqa: F401  (the same config as chapter 04)
 from course_lib.tensor import Tensor, cross_entropy, generator, nn, no_grad
 
@@ -126,29 +128,16 @@ class GPT(nn.Module):
             loss = cross_entropy(logits.reshape(B * T, -1), np.asarray(targets, dtype=np.int64).reshape(-1))
         return logits, loss
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, rng=None):
-        """Append max_new_tokens ids to idx (B, T) and return the (B, T + max_new_tokens) array.
-
-        Each step reruns the model on the context cropped to block_size (no KV cache). temperature 0
-        is greedy (argmax); otherwise sample from softmax(logits / temperature), with only the top_k
-        logits kept if given, using the numpy Generator `rng`.
-        """
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        """Append max_new_tokens ids to idx (B, T) and return the (B, T + max_new_tokens) array: chapter 04's
+        sampling loop (`course_lib.gpt.generate.sample`, temperature, top-k, draws from the torch.Generator
+        `generator`) with no cache, so each step reruns the model on the context cropped to block_size."""
         self.eval()
-        idx = np.asarray(idx, dtype=np.int64)
-        rng = rng or np.random.default_rng(0)
-        for _ in range(max_new_tokens):
+
+        def forward(ids, cache):
             with no_grad():
-                logits, _ = self(idx[:, -self.config.block_size:])
-            last = logits[:, -1, :].numpy().astype(np.float64)
-            if temperature == 0:
-                next_id = last.argmax(-1)
-            else:
-                last = last / temperature
-                if top_k is not None and top_k < last.shape[-1]:
-                    kth = np.sort(last, axis=-1)[:, -top_k][:, None]
-                    last = np.where(last < kth, -np.inf, last)
-                p = np.exp(last - last.max(-1, keepdims=True))
-                p /= p.sum(-1, keepdims=True)
-                next_id = np.array([rng.choice(len(row), p=row) for row in p])
-            idx = np.concatenate([idx, next_id[:, None]], axis=1)
-        return idx
+                logits, _ = self(ids.numpy())
+            return torch.tensor(logits.numpy())
+
+        idx = torch.as_tensor(np.asarray(idx, dtype=np.int64))
+        return sample(forward, idx, max_new_tokens, temperature, top_k, generator, self.config.block_size).numpy()

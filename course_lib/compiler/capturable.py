@@ -28,6 +28,10 @@ class AdamW(optim.AdamW):
 
     @lr.setter
     def lr(self, value):
+        """Fill the 0-d tensor in place. Set the rate this way, between calls: a schedule that writes only
+        `param_groups` (gpt.trainer.set_lr) is not read by a captured step. The groups follow, for readers."""
+        for group in self.param_groups:
+            group["lr"] = float(value.item() if isinstance(value, Tensor) else value)
         if isinstance(value, Tensor):
             self._lr = value
         elif getattr(self, "_lr", None) is None:

@@ -9,12 +9,18 @@ dimension and no temporary index array; it is small, so LLVM inlines it into the
 Broadcasting needs no special case in the kernels: `broadcast_strides` gives a smaller
 operand the output's number of dims and stride 0 on every broadcast dimension, so every
 index along that dimension reads the same element.
+
+`fresh` and `flat` are the two views every backend needs besides: a new contiguous output, and the
+elements of a contiguous view as a 1-D array.
 """
+
+import math
 
 import numpy as np
 from numba import njit
 
 from course_lib.tensor import tensor_data
+from course_lib.tensor.tensor_data import TensorData
 
 #: Row-major ordinal over `shape` -> position in storage of the view (strides, offset): the very
 #: function in tensor_data.py, compiled for the CPU.
@@ -38,3 +44,17 @@ def broadcast_strides(shape, strides, out_shape):
 def as_int_array(values):
     """Shapes and strides go into kernels as int64 arrays (one compiled type for every ndim)."""
     return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def fresh(shape, dtype):
+    """A new contiguous TensorData of `shape` (its elements not yet written)."""
+    shape = tuple(shape)
+    return TensorData.contiguous(np.empty(math.prod(shape), dtype=dtype), shape)
+
+
+def flat(view):
+    """The elements of a contiguous view, as a 1-D numpy array of exactly its size (no copy)."""
+    storage = view.storage
+    if view.offset == 0 and storage.size == view.size:
+        return storage
+    return storage[view.offset:view.offset + view.size]

@@ -1,6 +1,11 @@
-"""Sampling text from a GPT: temperature, top-k, and a KV cache so each new token costs one position.
+"""Sampling text from a language model: temperature, top-k, and a cache so each new token costs one position.
 
     ids = generate(model, prompt_ids, max_new_tokens=200, temperature=0.8, top_k=20)
+
+`sample` is the loop, written once for every model of the course: this chapter's GPT (a KV cache),
+chapter 05's Mamba (a recurrent state, no block size) and chapter 12's GPT on the course's own tensors
+(no cache). A model takes part through `forward(ids, cache) -> logits (B, T, vocab)`; `generate` below
+is the GPT's.
 """
 
 import torch
@@ -26,26 +31,35 @@ def sample_next(logits, temperature=1.0, top_k=None, generator=None):
 
 
 @torch.no_grad()
-def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None):
+def sample(forward, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, block_size=None,
+           new_cache=None):
     """Append max_new_tokens sampled ids to idx (B, T) and return the (B, T + max_new_tokens) tensor.
 
-    Without a cache, every step reruns the model on the whole context (cropped to block_size).
-    With the cache, the prompt runs once and then each step feeds only the newest token. Once the
-    context is longer than block_size, the positions of all kept tokens shift, so the cache is
-    rebuilt from the cropped context: both ways give the same tokens.
+    forward(ids, cache) -> logits (B, T, vocab): the model on `ids`, reading and filling `cache`.
+    Without a cache (new_cache None), every step reruns the model on the whole context, cropped to
+    block_size (None: no limit). With one, the prompt runs once into new_cache(), and then each step feeds
+    only the newest token. Once the context is longer than block_size, the positions of all kept tokens
+    shift, so the cache is rebuilt from the cropped context: both ways give the same tokens.
     """
-    model.eval()
-    block_size = model.config.block_size
+    window = slice(-block_size if block_size else None, None)
     cache, fed = None, 0     # `fed`: how many tokens of idx the cache already holds
     for _ in range(max_new_tokens):
-        if not use_cache:
-            logits, _ = model(idx[:, -block_size:])
-        elif cache is not None and idx.size(1) <= block_size:
-            logits, _ = model(idx[:, fed:], cache=cache)      # just the token(s) not seen yet
+        if new_cache is None:
+            logits = forward(idx[:, window], None)
+        elif cache is not None and (block_size is None or idx.size(1) <= block_size):
+            logits = forward(idx[:, fed:], cache)          # just the token(s) not seen yet
         else:
-            cache = KVCache(len(model.transformer.h))           # (re)fill from the cropped context
-            logits, _ = model(idx[:, -block_size:], cache=cache)
+            cache = new_cache()                            # (re)fill from the cropped context
+            logits = forward(idx[:, window], cache)
         fed = idx.size(1)
         next_id = sample_next(logits[:, -1, :], temperature, top_k, generator)
         idx = torch.cat([idx, next_id], dim=1)
     return idx
+
+
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None):
+    """`sample` for this chapter's GPT, with its KV cache (use_cache=False reruns the whole context)."""
+    model.eval()
+    new_cache = (lambda: KVCache(len(model.transformer.h))) if use_cache else None
+    return sample(lambda ids, cache: model(ids, cache=cache)[0], idx, max_new_tokens, temperature, top_k,
+                  generator, model.config.block_size, new_cache)

@@ -2,6 +2,8 @@
 
 It trains any model whose forward is `model(idx, targets) -> (logits, loss)` on batches from
 any `get_batch(split) -> (x, y)`, so the GPT of this chapter and the Mamba of the next share it.
+It names the few things it takes from a tensor library in a `Library` (AdamW, gradient clipping,
+no_grad): PyTorch's by default, and chapter 12 passes the course's own to train its GPT with this loop.
 
     cfg = TrainConfig(max_iters=500, lr=1e-3, lr_decay_iters=500)
     history = train(model, get_batch, cfg)
@@ -11,6 +13,7 @@ any `get_batch(split) -> (x, y)`, so the GPT of this chapter and the Mamba of th
 import math
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable, Optional
 
 import torch
 
@@ -31,21 +34,46 @@ class TrainConfig:
     seed: int = 1337
 
 
-def configure_optimizer(model, cfg):
+def _torch_adamw(groups, lr, betas):
+    """torch.optim.AdamW with `fused=True` where PyTorch has the kernel (floating tensors on CPU or CUDA):
+    it updates every parameter in one kernel call per step, where the default runs a dozen small ops
+    per parameter tensor. On nanoGPT's CPU configuration the update takes a quarter of the time
+    (`benchmarks/ch04_vs_nanogpt.py`)."""
+    params = [p for group in groups for p in group["params"]]
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
+
+
+@dataclass(frozen=True)
+class Library:
+    """What the recipe takes from a tensor library. Each optimizer it makes has torch's interface:
+    `param_groups` (each group's "lr" read at every step), `zero_grad(set_to_none=True)`, `step()`."""
+
+    name: str
+    AdamW: Callable                     # AdamW(groups, lr, betas) -> optimizer
+    clip_grad_norm_: Callable           # (parameters, max_norm) -> the global norm before clipping
+    no_grad: Callable                   # a context manager: no graph is recorded inside
+    manual_seed: Optional[Callable] = None   # seeds dropout masks at the start of `train`
+    to_device: Optional[Callable] = None     # (batch, model) -> the batch where the model's parameters are
+
+
+def _to_model_device(batch, model):
+    return batch.to(next(model.parameters()).device)
+
+
+TORCH = Library("torch", _torch_adamw, torch.nn.utils.clip_grad_norm_, torch.no_grad, torch.manual_seed,
+                _to_model_device)
+
+
+def configure_optimizer(model, cfg, lib=TORCH):
     """AdamW that decays only matrices (weights of linear layers, embeddings).
 
     Biases and LayerNorm gains (ndim < 2) are not decayed: pulling a gain toward 0 only hurts.
-    `fused=True` updates every parameter in one kernel call per step, where the default runs a dozen
-    small ops per parameter tensor: on nanoGPT's CPU configuration the update takes a quarter of the
-    time (`benchmarks/ch04_vs_nanogpt.py`). PyTorch has the fused kernel for CPU and CUDA tensors.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), fused=fused)
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return lib.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
 def lr_at(it, cfg):
@@ -58,47 +86,55 @@ def lr_at(it, cfg):
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
 
 
-def train_step(model, optimizer, x, y, grad_clip=1.0):
+def set_lr(optimizer, lr):
+    """Give every parameter group the learning rate `lr`, as a schedule does in torch."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def train_step(model, optimizer, x, y, grad_clip=1.0, lib=TORCH):
     """One step: forward, backward, clip the global gradient norm, update. Returns the loss."""
     _, loss = model(x, y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if grad_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        lib.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     return loss.item()
 
 
-@torch.no_grad()
-def estimate_loss(model, get_batch, eval_iters):
+def estimate_loss(model, get_batch, eval_iters, lib=TORCH):
     """Mean loss over `eval_iters` batches of each split, in eval mode (no dropout)."""
     was_training = model.training
     model.eval()
     out = {}
-    for split in ("train", "val"):
-        losses = [model(*get_batch(split))[1].item() for _ in range(eval_iters)]
-        out[split] = sum(losses) / len(losses)
+    with lib.no_grad():
+        for split in ("train", "val"):
+            losses = [model(*get_batch(split))[1].item() for _ in range(eval_iters)]
+            out[split] = sum(losses) / len(losses)
     model.train(was_training)
     return out
 
 
-def train(model, get_batch, cfg, progress=True, optimizer=None):
+def train(model, get_batch, cfg, progress=True, optimizer=None, lib=TORCH):
     """Train `model` for cfg.max_iters steps and return the history, a dict of lists:
 
     iter, lr, loss             one entry per step (loss of that step's batch)
     eval_iter, train_loss, val_loss   one entry per evaluation (every eval_interval and at the end)
     and ms_per_iter, the median wall time of a step in milliseconds (evaluations excluded).
+
+    optimizer: configure_optimizer(model, cfg, lib) unless given. lib: the tensor library of `model`.
     """
     from tqdm.auto import tqdm
 
-    torch.manual_seed(cfg.seed)  # dropout masks
-    optimizer = optimizer or configure_optimizer(model, cfg)
-    device = next(model.parameters()).device
+    if lib.manual_seed is not None:
+        lib.manual_seed(cfg.seed)  # dropout masks
+    optimizer = optimizer or configure_optimizer(model, cfg, lib)
     history = {"iter": [], "lr": [], "loss": [], "eval_iter": [], "train_loss": [], "val_loss": []}
     step_ms = []
 
     def evaluate(it):
-        losses = estimate_loss(model, get_batch, cfg.eval_iters)
+        losses = estimate_loss(model, get_batch, cfg.eval_iters, lib)
         history["eval_iter"].append(it)
         history["train_loss"].append(losses["train"])
         history["val_loss"].append(losses["val"])
@@ -111,10 +147,11 @@ def train(model, get_batch, cfg, progress=True, optimizer=None):
             bar.set_postfix(train=f"{history['train_loss'][-1]:.3f}", val=f"{history['val_loss'][-1]:.3f}")
         t0 = time.perf_counter()  # the whole iteration, as nanoGPT times it: schedule, batch, step
         lr = lr_at(it, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         x, y = get_batch("train")
-        loss = train_step(model, optimizer, x.to(device), y.to(device), cfg.grad_clip)
+        if lib.to_device is not None:
+            x, y = lib.to_device(x, model), lib.to_device(y, model)
+        loss = train_step(model, optimizer, x, y, cfg.grad_clip, lib)
         step_ms.append(1000 * (time.perf_counter() - t0))
         history["iter"].append(it)
         history["lr"].append(lr)

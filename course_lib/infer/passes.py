@@ -174,20 +174,43 @@ def fuse_conv(graph):
     return g
 
 
+def _fresh_name(name, taken):
+    """`name`, or `name` with a number after it, that no value in `taken` has; added to `taken`."""
+    k, fresh = 1, name
+    while fresh in taken:
+        k, fresh = k + 1, f"{name}{k}"
+    taken.add(fresh)
+    return fresh
+
+
 def fuse_gemm(graph):
     """Gemm with alpha = beta = 1 and no transA -> FusedGemm, which takes a Relu that alone reads it.
 
     What this saves is the bookkeeping of a general Gemm and, with a Relu, a node and a temporary:
-    FusedGemm adds C and applies the Relu in place on the product's own buffer."""
+    FusedGemm adds C and applies the Relu in place on the product's own buffer. A constant C of shape
+    (N,) becomes a row (1, N): the same sums, but numpy adds a row of the product's rank faster.
+
+    B stays as the model stores it, transposed or not. Transposing it once here would spare BLAS a
+    strided read, but at batch 1 numpy then takes a matrix-vector routine that sums in another order,
+    and the outputs would no longer be bit for bit those of the graph before the pass."""
     g = graph.copy()
-    removed, replaced = set(), {}
+    removed, replaced, rows = set(), {}, {}   # rows: C's name -> the name of C as a row
+    fed = {v.name for v in g.inputs}   # an initializer that is also a graph input is only a default
+    taken = set(g.initializers) | {o for n in g.nodes for o in n.outputs} | fed
     for gemm in g.nodes:
         a = gemm.attrs
         if gemm.op_type != "Gemm" or a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
             continue
         relu = _single_reader(g, gemm.outputs[0])
         relu = relu if relu is not None and relu.op_type == "Relu" else None
-        replaced[id(gemm)] = Node("FusedGemm", list(gemm.inputs), list((relu or gemm).outputs),
+        inputs = list(gemm.inputs)
+        c = g.initializers.get(inputs[2]) if len(inputs) > 2 and inputs[2] not in fed else None
+        if c is not None and c.ndim == 1:   # a row (1, N): numpy adds it to the product faster than an (N,)
+            if inputs[2] not in rows:
+                rows[inputs[2]] = _fresh_name(inputs[2] + "_row", taken)
+                g.initializers[rows[inputs[2]]] = c.reshape(1, -1)
+            inputs[2] = rows[inputs[2]]
+        replaced[id(gemm)] = Node("FusedGemm", inputs, list((relu or gemm).outputs),
                                   {"transB": a.get("transB", 0), "activation": "Relu" if relu else ""},
                                   (gemm.name or "Gemm") + ("+Relu" if relu else ""), domain="course")
         if relu:
@@ -195,6 +218,8 @@ def fuse_gemm(graph):
     g.nodes = [replaced.get(id(n), n) for n in g.nodes if id(n) not in removed]
     if replaced:
         g.opsets["course"] = 1
+        read = {i for n in g.nodes for i in n.inputs} | {v.name for v in g.outputs}
+        g.initializers = {k: v for k, v in g.initializers.items() if k in read}   # the biases as they were go
     return g
 
 

@@ -7,11 +7,20 @@
 A kernel takes the node's inputs as positional numpy arrays (None for a left-out optional
 input) and its attributes as keyword arguments, and returns an array or a tuple of arrays.
 When several versions of an op exist, the one with the highest `since` <= the model's opset wins.
+
+`override` is the registry's declared plug-in point: inside its block, a kernel of your own runs an op in
+place of the course's, and leaving the block puts back exactly what was there (chapter 09's payoff runs
+the learner's gemm, softmax and reshape this way, course_lib/yours/infer.py):
+
+    with override({"Gemm": my_gemm}):
+        y = run_graph(graph, feeds)       # every Gemm node runs my_gemm
 """
 
+import contextlib
 import inspect
 
 KERNELS = {}  # (domain, op_type) -> [(since, function, accepted attribute names or None for any)]
+_OVERRIDES = {}  # (domain, op_type) -> (function, accepted attribute names): what `override` put in
 
 
 class Unsupported(NotImplementedError):
@@ -48,7 +57,35 @@ def lookup(op_type, opset, domain=""):
     usable = [v for v in versions if v[0] <= opset]
     if not usable:
         raise Unsupported(f"op {op_type!r} has no kernel for opset {opset} (the oldest is opset {versions[0][0]})")
+    if (domain, op_type) in _OVERRIDES and usable[-1] is versions[-1]:
+        return _OVERRIDES[(domain, op_type)]
     return usable[-1][1], usable[-1][2]
+
+
+@contextlib.contextmanager
+def override(kernels, domain=""):
+    """Inside the block, kernels[op_type] runs `op_type` wherever the op's newest version would (an older
+    opset keeps its own kernel: the given one implements the op as its newest version defines it).
+
+    Only an op the registry knows can be overridden (a misspelt name raises KeyError instead of doing
+    nothing). Blocks nest, the innermost wins, and leaving a block, by an exception too, restores the
+    overrides that stood before it."""
+    domain = "" if domain == "ai.onnx" else domain
+    unknown = [op for op in kernels if (domain, op) not in KERNELS]
+    if unknown:
+        raise KeyError(f"override: the registry has no op {', '.join(map(repr, unknown))}"
+                       + (f" in domain {domain!r}" if domain else "") + "; register it first")
+    keys = [(domain, op) for op in kernels]
+    saved = {key: _OVERRIDES.get(key) for key in keys}
+    _OVERRIDES.update({(domain, op): (fn, _attribute_names(fn)) for op, fn in kernels.items()})
+    try:
+        yield
+    finally:
+        for key, before in saved.items():
+            if before is None:
+                _OVERRIDES.pop(key, None)
+            else:
+                _OVERRIDES[key] = before
 
 
 def bind(graph, node):

@@ -19,32 +19,58 @@ class Optimizer:
     gets a zero gradient in the flat vector and keeps its value.
 
     `params` is a list of parameters, or of groups as in torch, each a dict with "params" and
-    options of its own: [{"params": matrices, "weight_decay": 0.1}, {"params": biases, "weight_decay": 0.0}]."""
+    options of its own: [{"params": matrices, "weight_decay": 0.1}, {"params": biases, "weight_decay": 0.0}].
+    Every group carries its own "lr" (the constructor's lr unless it names one), and a schedule sets
+    them as in torch: `for group in optimizer.param_groups: group["lr"] = lr_at(it)`."""
 
     def __init__(self, params, lr: float):
         params = list(params)
         groups = params if params and isinstance(params[0], dict) else [{"params": params}]
         self.param_groups = [dict(group, params=list(group["params"])) for group in groups]
         self.params = [p for group in self.param_groups for p in group["params"]]
-        self.lr = lr
+        own = [group.get("lr") for group in self.param_groups]
+        self.lr = lr                           # the default for every group (a subclass may keep lr its own way)
+        for group, value in zip(self.param_groups, own):
+            if value is not None:
+                group["lr"] = value            # a group's own "lr" wins, as in torch
         self.state: dict = {}
         self._per_element: dict = {}
 
-    def per_element(self, option: str, default: float, like):
-        """The value of a group option for each entry of the flat vector `like`: None if it is 0 for
-        every group, one number if all groups agree, else a flat tensor (built once, then reused)."""
-        values = [float(group.get(option, default)) for group in self.param_groups]
-        if len(set(values)) == 1:
-            return values[0] if values[0] != 0 else None
-        if option not in self._per_element:
-            sizes = [[p.numel() for p in group["params"]] for group in self.param_groups]
-            flat = np.concatenate([np.full(sum(n), v) for n, v in zip(sizes, values)])
-            self._per_element[option] = Tensor(flat, dtype=like.dtype)
-        return self._per_element[option]
+    @property
+    def lr(self):
+        """The learning rate, as `update` reads it: one number when every group has the same (the usual
+        case), else a flat tensor holding each parameter's group's lr."""
+        return self.per_element("lr", None, self.params[0] if self.params else None, keep_zero=True)
 
-    def zero_grad(self) -> None:
+    @lr.setter
+    def lr(self, value):
+        """Set every group's lr, as a schedule does (`optimizer.lr = lr_at(it)`)."""
+        for group in self.param_groups:
+            group["lr"] = value
+
+    def per_element(self, option: str, default, like, keep_zero: bool = False):
+        """The value of a group option for each entry of the flat vector `like`: one number if all groups
+        agree (None instead of 0 unless keep_zero, so that a zero weight decay costs no op), else a flat
+        tensor. The tensor is rebuilt only when the groups' values change: a schedule changes lr each step."""
+        values = tuple(float(group.get(option, default)) for group in self.param_groups)
+        if len(set(values)) == 1:
+            return values[0] if values[0] != 0 or keep_zero else None
+        key = (values, np.dtype(like.dtype).str)
+        cached = self._per_element.get(option)
+        if cached is None or cached[0] != key:
+            sizes = [sum(p.numel() for p in group["params"]) for group in self.param_groups]
+            flat = np.concatenate([np.full(n, v) for n, v in zip(sizes, values)])
+            self._per_element[option] = cached = (key, Tensor(flat, dtype=like.dtype))
+        return cached[1]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients before the next backward (which adds into any it finds). As in torch,
+        set_to_none=False keeps each gradient as zeros instead; a parameter without one stays without."""
         for p in self.params:
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad = zeros(p.shape, dtype=p.dtype)
 
     def step(self) -> None:
         with no_grad():
@@ -76,18 +102,21 @@ def _joined(params) -> Tensor:
 
 
 class SGD(Optimizer):
-    """v = momentum * v + (g + wd * p);  p = p - lr * v   (torch's convention)."""
+    """v = momentum * v + (g + wd * p);  p = p - lr * v   (torch's convention; lr, momentum and
+    weight_decay may differ from group to group)."""
 
     def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0):
         super().__init__(params, lr)
         self.momentum, self.weight_decay = momentum, weight_decay
 
     def update(self, p, g, state):
-        if self.weight_decay:
-            g = g + self.weight_decay * p
-        if self.momentum:
+        decay = self.per_element("weight_decay", self.weight_decay, p)
+        if decay is not None:
+            g = g + decay * p
+        momentum = self.per_element("momentum", self.momentum, p)
+        if momentum is not None:
             v = state.get("v")
-            state["v"] = v = g if v is None else self.momentum * v + g
+            state["v"] = v = g if v is None else momentum * v + g
             g = v
         return p - self.lr * g
 
@@ -96,7 +125,8 @@ class Adam(Optimizer):
     """Running means of g and g^2, corrected for their start at zero:
     m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr * m_hat / (sqrt(v_hat) + eps).
 
-    A backend with an `adam` method (chapter 06's) runs the whole update as one kernel instead."""
+    A backend with an `adam` method (chapter 06's) runs the whole update as one kernel instead,
+    when all groups share one lr (the kernel takes one number; a flat lr goes the tensor way)."""
 
     decoupled = False
 
@@ -107,7 +137,8 @@ class Adam(Optimizer):
 
     def update(self, p, g, state):
         fused = getattr(current_backend(), "adam", None)
-        if fused is not None and p.data.is_contiguous() and g.data.is_contiguous():
+        lr = self.lr
+        if fused is not None and not isinstance(lr, Tensor) and p.data.is_contiguous() and g.data.is_contiguous():
             return self.fused_update(fused, p, g, state)
         b1, b2 = self.betas
         decay = self.per_element("weight_decay", self.weight_decay, p)
@@ -119,8 +150,8 @@ class Adam(Optimizer):
         m_hat = m / (1 - b1 ** t)
         v_hat = v / (1 - b2 ** t)
         if decay is not None and self.decoupled:
-            p = p * (1 - self.lr * decay)  # AdamW: shrink the weights directly
-        return p - self.lr * m_hat / (v_hat.sqrt() + self.eps)
+            p = p * (1 - lr * decay)  # AdamW: shrink the weights directly
+        return p - lr * m_hat / (v_hat.sqrt() + self.eps)
 
     def fused_update(self, fused, p, g, state):
         """The update above as the backend's one kernel: it writes m and v in place, returns the new p."""

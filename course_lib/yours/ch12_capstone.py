@@ -244,9 +244,11 @@ class AdamWWithYourStep(optim.AdamW):
         t = state["t"] = state.get("t", 0) + 1
         if t == 1:
             state["m"], state["v"] = np.zeros(param.shape, param.dtype), np.zeros(param.shape, param.dtype)
+        lr = self.lr  # one number, or one per entry (a Tensor) when the groups' lrs differ
+        lr = lr.data.to_numpy() if isinstance(lr, Tensor) else lr
         new, state["m"], state["v"] = self.lib.run(
             "yours", "adam_step", self.adam_step, param.data.to_numpy(), grad.data.to_numpy(), state["m"], state["v"],
-            t, self.lr, *self.betas, self.eps)
+            t, lr, *self.betas, self.eps)
         return _wrap(new, param.dtype)
 
 

@@ -18,7 +18,6 @@ is the course's: the pieces share the signatures of course_lib.fused's kernels.
 
 import contextlib
 import itertools
-from types import SimpleNamespace
 
 import torch
 
@@ -57,25 +56,32 @@ class _Scan(torch.autograd.Function):
         return *selective_scan_backward(x, delta, A, B, C, D, ckpt, dy, dh_last, ctx.chunk), None, None
 
 
-def assemble(quiet=False):
-    """Your chapter 10 kernels (the course's where yours are not saved) as the models' two fused kernels."""
-    p = yours.pieces("10", reference=COURSE, quiet=quiet)
-    op = p["register_flash_attention"](f"yours::flash_attention_{next(_names)}", p["flash_forward"], p["flash_backward"])
+class Kernels:
+    """Your chapter 10 kernels (pieces: the course's where yours are not saved) as the models' two fused
+    kernels, and the block that plugs them in."""
 
-    def scan(x, delta, A, B, C, D, return_state=False):
+    def __init__(self, pieces):
+        self.pieces = pieces
+        self.op = pieces["register_flash_attention"](f"yours::flash_attention_{next(_names)}",
+                                                     pieces["flash_forward"], pieces["flash_backward"])
+
+    def scan(self, x, delta, A, B, C, D, return_state=False):
         """Chapter 05's selective scan signature, on your fused_scan."""
         args = (t.to(x.dtype).contiguous() for t in (x, delta, A, B, C, D))
-        y, h_last = _Scan.apply(*args, p["fused_scan"], scan_cpu.CHUNK)
+        y, h_last = _Scan.apply(*args, self.pieces["fused_scan"], scan_cpu.CHUNK)
         return (y, h_last) if return_state else y
 
-    def attention(q, k, v):
+    def attention(self, q, k, v):
         """Causal attention, queries aligned with the last keys, on your op: (B, H, Tq, d) -> (B, H, Tq, dv)."""
-        return op(q, k, v, True, q.shape[-1] ** -0.5)[0]
+        return self.op(q, k, v, True, q.shape[-1] ** -0.5)[0]
 
     @contextlib.contextmanager
-    def running():
+    def running(self):
         """Inside the block, MambaConfig(scan="fused") runs `scan` and GPTConfig(fused=True) runs `attention`."""
-        with scan_kernel(scan), attention_kernel(attention):
+        with scan_kernel(self.scan), attention_kernel(self.attention):
             yield
 
-    return SimpleNamespace(pieces=p, op=op, scan=scan, attention=attention, running=running)
+
+def assemble(quiet=False):
+    """Your chapter 10 kernels (the course's where yours are not saved) as the models' two fused kernels."""
+    return Kernels(yours.pieces("10", reference=COURSE, quiet=quiet))

@@ -29,7 +29,6 @@ the exercises' kernels expect (they read position 0 of the storage as the view's
 `meter`, when set (chapter 12's payoff sets one), times every kernel call by whose kernel ran it.
 """
 
-import collections
 import functools
 import math
 
@@ -37,9 +36,11 @@ import numba
 import numpy as np
 from numba import cfunc, njit
 
+from course_lib.fast.indexing import flat as _flat
+from course_lib.fast.indexing import fresh as _fresh
+from course_lib.fast.plans import run_shape, strides
 from course_lib.fast.pool import set_threads  # your strided kernels are parallel; small work runs on one thread
 from course_lib.tensor import scalar_ops
-from course_lib.tensor.backend import Backend
 from course_lib.tensor.tensor_data import TensorData, shape_broadcast
 from course_lib.yours import backends
 
@@ -80,42 +81,14 @@ def _storage(view):
     return view.storage[view.offset:] if view.offset else view.storage
 
 
-def _flat(view):
-    """The elements of a contiguous view, as a 1-D array of exactly its size (no copy)."""
-    storage = view.storage
-    if view.offset == 0 and storage.size == view.size:
-        return storage
-    return storage[view.offset:view.offset + view.size]
-
-
-def _run_shape(shape):
-    """Shapes as your strided kernels walk them: a 0-d tensor runs as shape (1,)."""
-    return shape if shape else (1,)
-
-
-def _strides_as(view, shape):
-    """view's strides read as `shape` (stride 0 along broadcast dims), as int64."""
-    view = view if view.shape == shape else view.expand(shape)
-    return _ints(view.strides if view.strides else (0,))
-
-
-def _fresh(shape, dtype):
-    shape = tuple(shape)
-    return TensorData.contiguous(np.empty(math.prod(shape), dtype=dtype), shape)
-
-
-class YoursNumbaBackend(Backend):
-    """map, zip, reduce "sum" and matmul on your kernels where they are given; the rest on `course`.
-
-    kernels: {piece name: your function} for the names of PIECES (a missing one: None or absent).
-    course: the backend that serves what none of your kernels does (the course's Numba backend)."""
+class YoursNumbaBackend(backends.BackendOfYours):
+    """map, zip, reduce "sum" and matmul on your kernels (the names of PIECES) where they are given; the
+    rest on `course`, the course's Numba backend."""
 
     name = NAME
 
     def __init__(self, kernels, course):
-        self.kernels = {k: v for k, v in kernels.items() if v is not None}
-        self.course = course
-        self.calls = collections.Counter()  # how many times each of your kernels ran
+        super().__init__(kernels, course)
         self.meter = None                   # chapter 12's meter, while it measures a step
         self._entries = {}                  # your kernels' compiled versions, by argument types (_compiled)
         row_layout = self.kernels.get("row_layout")
@@ -182,13 +155,12 @@ class YoursNumbaBackend(Backend):
         if same and "flat_map" in k:
             self._run("flat_map", k["flat_map"], op_inlined(op), _flat(out), _flat(a))
         elif op == "id" and "strided_copy" in k:
-            shape = _run_shape(out.shape)
-            self._run("strided_copy", k["strided_copy"], _storage(out), _ints(shape), _strides_as(out, out.shape),
-                      _storage(a), _strides_as(a, out.shape))
+            self._run("strided_copy", k["strided_copy"], _storage(out), run_shape(out.shape), strides(out, out.shape),
+                      _storage(a), strides(a, out.shape))
         elif "strided_map" in k:
             set_threads(out.size)
-            self._run("strided_map", k["strided_map"], op_pointer(op), _storage(out), _ints(_run_shape(out.shape)),
-                      _strides_as(out, out.shape), _storage(a), _strides_as(a, out.shape))
+            self._run("strided_map", k["strided_map"], op_pointer(op), _storage(out), run_shape(out.shape),
+                      strides(out, out.shape), _storage(a), strides(a, out.shape))
         else:
             return self._course(f"map {op}", self.course.map, op, a, out)
         return out
@@ -209,10 +181,9 @@ class YoursNumbaBackend(Backend):
                       _flat(a), a_row, a_spread, _flat(b), b_row, b_spread)
         elif "strided_zip" in k:
             set_threads(out.size)
-            run = _run_shape(shape)
-            self._run("strided_zip", k["strided_zip"], op_pointer(op), _storage(out), _ints(run),
-                      _strides_as(out, shape), _storage(a), _ints(_run_shape(a.shape)), _ints(a.strides or (0,)),
-                      _storage(b), _ints(_run_shape(b.shape)), _ints(b.strides or (0,)))
+            self._run("strided_zip", k["strided_zip"], op_pointer(op), _storage(out), run_shape(shape),
+                      strides(out, shape), _storage(a), run_shape(a.shape), _ints(a.strides or (0,)),
+                      _storage(b), run_shape(b.shape), _ints(b.strides or (0,)))
         else:
             return self._course(f"zip {op}", self.course.zip, op, a, b, out)
         return out

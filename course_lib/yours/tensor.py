@@ -13,7 +13,6 @@ the first layer of a batch and its gradient, which must match numpy's.
 
 import contextlib
 import time
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -63,62 +62,99 @@ COURSE = {
 
 # ---- the parts of the MLP, each built around one of your pieces ---------------------------
 
+class MatMulWithYourBackward(Function):
+    """a @ b on the current backend; the backward is `matmul_backward` (yours), set by the subclass
+    an assembly makes (`Parts`)."""
+
+    matmul_backward = None
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return current_backend().matmul(a.data, b.data)
+
+    @classmethod
+    def backward(cls, ctx, grad):
+        a, b = ctx.saved_tensors
+        ga, gb = cls.matmul_backward(a.numpy(), b.numpy(), grad.numpy())
+        return ct.Tensor(ga, dtype=a.dtype), ct.Tensor(gb, dtype=b.dtype)
+
+
+class CrossEntropyOfYours(Function):
+    """Your cross_entropy; backward: (softmax - one_hot) / batch, softmax = exp(your log_softmax).
+    `log_softmax` and `cross_entropy` are set by the subclass an assembly makes (`Parts`)."""
+
+    log_softmax = cross_entropy = None
+
+    @classmethod
+    def forward(cls, ctx, logits, target):
+        x = logits.numpy()
+        ctx.probs, ctx.target = np.exp(cls.log_softmax(x)), target
+        return TensorData.from_numpy(cls.cross_entropy(x, target), x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = ctx.probs.copy()
+        g[np.arange(len(ctx.target)), ctx.target] -= 1
+        return grad * ct.Tensor(g / len(ctx.target), dtype=grad.dtype)
+
+
+def _with(function, name, **pieces):
+    """`function` with its pieces filled in: a subclass named `name` that holds them."""
+    return type(name, (function,), {k: staticmethod(f) for k, f in pieces.items()})
+
+
+class AdamOfYours(optim.Adam):
+    """The course's Adam, whose update is your adam_step."""
+
+    def __init__(self, params, adam_step, **options):
+        super().__init__(params, **options)
+        self.adam_step = adam_step
+
+    def update(self, param, grad, state):
+        t = state["t"] = state.get("t", 0) + 1
+        zeros = np.zeros(param.shape, param.dtype)
+        new, state["m"], state["v"] = self.adam_step(param.numpy(), grad.numpy(), state.get("m", zeros),
+                                                     state.get("v", zeros), t, self.lr, *self.betas, self.eps)
+        return ct.Tensor(new, dtype=param.dtype)
+
+
+class SGDOfYours(optim.SGD):
+    """The course's SGD with momentum, whose update is your sgd_momentum_step."""
+
+    def __init__(self, params, sgd_momentum_step, **options):
+        super().__init__(params, **options)
+        self.sgd_momentum_step = sgd_momentum_step
+
+    def update(self, param, grad, state):
+        v = state.get("v", np.zeros(param.shape, param.dtype))
+        new, state["v"] = self.sgd_momentum_step(param.numpy(), grad.numpy(), v, self.lr, self.momentum)
+        return ct.Tensor(new, dtype=param.dtype)
+
+
+class Parts:
+    """Your chapter 02 pieces (the course's where yours are not saved) as the parts of an MLP."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+        self.Linear, self.Tensor = pieces["Linear"], pieces["Tensor"]
+        self.MatMul = _with(MatMulWithYourBackward, "MatMul", matmul_backward=pieces["matmul_backward"])
+        self.CrossEntropy = _with(CrossEntropyOfYours, "CrossEntropy", log_softmax=pieces["log_softmax"],
+                                  cross_entropy=pieces["cross_entropy"])
+
+    def cross_entropy(self, logits, target):
+        return self.CrossEntropy.apply(logits, target=np.asarray(target))
+
+    def Adam(self, params, **options):
+        return AdamOfYours(params, self.pieces["adam_step"], **options)
+
+    def SGD(self, params, **options):
+        return SGDOfYours(params, self.pieces["sgd_momentum_step"], **options)
+
+
 def assemble(quiet=False):
     """Your chapter 02 pieces (the course's where yours are not saved) as the parts of an MLP."""
-    p = yours.pieces("02", reference=COURSE, quiet=quiet)
-
-    class MatMul(Function):
-        """a @ b on the current backend; the backward is your matmul_backward."""
-
-        @staticmethod
-        def forward(ctx, a, b):
-            ctx.save_for_backward(a, b)
-            return current_backend().matmul(a.data, b.data)
-
-        @staticmethod
-        def backward(ctx, grad):
-            a, b = ctx.saved_tensors
-            ga, gb = p["matmul_backward"](a.numpy(), b.numpy(), grad.numpy())
-            return ct.Tensor(ga, dtype=a.dtype), ct.Tensor(gb, dtype=b.dtype)
-
-    class CrossEntropy(Function):
-        """Your cross_entropy; backward: (softmax - one_hot) / batch, softmax = exp(your log_softmax)."""
-
-        @staticmethod
-        def forward(ctx, logits, target):
-            x = logits.numpy()
-            ctx.probs, ctx.target = np.exp(p["log_softmax"](x)), target
-            return TensorData.from_numpy(p["cross_entropy"](x, target), x.dtype)
-
-        @staticmethod
-        def backward(ctx, grad):
-            g = ctx.probs.copy()
-            g[np.arange(len(ctx.target)), ctx.target] -= 1
-            return grad * ct.Tensor(g / len(ctx.target), dtype=grad.dtype)
-
-    class Adam(optim.Adam):
-        """The course's Adam, whose update is your adam_step."""
-
-        def update(self, param, grad, state):
-            t = state["t"] = state.get("t", 0) + 1
-            zeros = np.zeros(param.shape, param.dtype)
-            new, state["m"], state["v"] = p["adam_step"](param.numpy(), grad.numpy(), state.get("m", zeros),
-                                                         state.get("v", zeros), t, self.lr, *self.betas, self.eps)
-            return ct.Tensor(new, dtype=param.dtype)
-
-    class SGD(optim.SGD):
-        """The course's SGD with momentum, whose update is your sgd_momentum_step."""
-
-        def update(self, param, grad, state):
-            v = state.get("v", np.zeros(param.shape, param.dtype))
-            new, state["v"] = p["sgd_momentum_step"](param.numpy(), grad.numpy(), v, self.lr, self.momentum)
-            return ct.Tensor(new, dtype=param.dtype)
-
-    def cross_entropy(logits, target):
-        return CrossEntropy.apply(logits, target=np.asarray(target))
-
-    return SimpleNamespace(pieces=p, Linear=p["Linear"], MatMul=MatMul, cross_entropy=cross_entropy,
-                           Adam=Adam, SGD=SGD, Tensor=p["Tensor"])
+    return Parts(yours.pieces("02", reference=COURSE, quiet=quiet))
 
 
 @contextlib.contextmanager

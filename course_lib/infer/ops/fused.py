@@ -21,17 +21,36 @@ def matmul_add(a, b, c, *, out=None):
     return y
 
 
+_ZEROS = {}   # dtype -> a read-only flat array of zeros, grown when a bigger one is asked for
+
+
+def zeros_like(y):
+    """A read-only array of zeros with y's shape and dtype, a view of a buffer made once.
+
+    Why: numpy runs np.maximum(y, 0) through a slower loop for the scalar 0 than against a whole array
+    of zeros (numpy 2.4, float32: about twice as slow at 4096 values, the MLP's hidden layer at batch 32)."""
+    z = _ZEROS.get(y.dtype)
+    if z is None or z.size < y.size:
+        z = _ZEROS[y.dtype] = np.zeros(max(y.size, 4096), y.dtype)
+        z.flags.writeable = False
+    return z[:y.size].reshape(y.shape)
+
+
 @register("FusedGemm", since=1, domain="course")
 def fused_gemm(a, b, c=None, *, transB=0, activation="", out=None):
     """a @ b' + c (b' = b transposed when transB is set), then activation="Relu" in place: Gemm with
-    alpha = beta = 1 and its Relu. `out` is a flat buffer from the session's memory plan."""
+    alpha = beta = 1 and its Relu. `out` is a flat buffer from the session's memory plan.
+
+    np.dot rather than np.matmul: on 2-D arrays both call the same BLAS routine (the same bits), but
+    matmul's more general setup costs about half a microsecond more per call, a fifth of the whole
+    product's time at batch 1."""
     b = b.T if transB else b
-    shape = (a.shape[0], b.shape[1])
-    y = np.matmul(a, b, out=out.reshape(shape) if out is not None and out.size == shape[0] * shape[1] else None)
+    n, m = a.shape[0], b.shape[1]
+    y = np.dot(a, b, out=out.reshape(n, m)) if out is not None and out.size == n * m else np.dot(a, b)
     if c is not None:
         y += c
     if activation == "Relu":
-        np.maximum(y, 0, out=y)
+        np.maximum(y, zeros_like(y), out=y)
     return y
 
 
