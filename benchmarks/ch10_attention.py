@@ -12,7 +12,7 @@ best round; the script makes `--runs` runs and prints each run's ratio, then the
 the largest. Wall time, with torch and Numba on the same threads (all cores by default).
 
 Memory. What each call allocates while it runs, measured with tracemalloc (it sees numpy's and Numba's
-allocations, not PyTorch's: see course_lib/fused/attention_memory.py): the course's forward kernel and its
+allocations, not PyTorch's: see course_lib/memory.py): the course's forward kernel and its
 backward kernel up to T = 16384, against naive attention in numpy (the (H, T, T) scores) up to T = 4096,
 with the exponent of the growth fitted over the sizes. The goal: O(T d), an exponent near 1.
 
@@ -30,8 +30,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from course_lib.fused import attention_cpu  # noqa: E402
-from course_lib.fused.attention_memory import growth, naive_attention, peak_bytes  # noqa: E402
+from course_lib.fused.attention_memory import naive_attention  # noqa: E402
 from course_lib.fused.attention_op import attention  # noqa: E402
+from course_lib.memory import growth, peak_bytes  # noqa: E402
 
 
 def report(title, runs, ours, peer, goal=None):

@@ -10,6 +10,7 @@ learner (progress, saved answers, the workspace). The helpers every chapter uses
 - `course_lib.viz`     graph drawings (graphviz) and training curves (matplotlib)
 - `course_lib.data`    offline data: two moons, scikit-learn digits, a text corpus
 - `course_lib.device`  GPU detection and Numba's CUDA simulator
+- `course_lib.timing`  timing that interleaves contestants; `course_lib.memory` the peak bytes a call allocates
 """
 
 from pathlib import Path

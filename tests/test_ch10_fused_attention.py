@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.fused import attention_cuda
-from course_lib.fused.attention_memory import growth, memory_curve
+from course_lib.fused.attention_memory import memory_curve
 from course_lib.fused.attention_op import attention, attention_forward, naive_attention
 from course_lib.gpt.model import GPT, GPTConfig, KVCache, attention_kernel
+from course_lib.memory import growth
 
 torch.set_num_threads(1)
 TOL = dict(rtol=1e-10, atol=1e-10)

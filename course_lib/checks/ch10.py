@@ -10,7 +10,6 @@ an (L, N) history of states or builds a (T, T) matrix of scores fails with the s
 """
 
 import itertools
-import tracemalloc
 
 import numpy as np
 import torch
@@ -18,22 +17,7 @@ import torch.nn.functional as F
 
 from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng
 from course_lib.checks.ch05 import scan_inputs  # chapter 05's random scan inputs, the same here
-
-
-def _peak_bytes(run):
-    """The most bytes that numpy and Numba held at once while run() ran, above what they held before.
-    Call run() once before: compiling a kernel allocates tens of MB."""
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        run()
-        return tracemalloc.get_traced_memory()[1] - base
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
+from course_lib.memory import peak_bytes
 
 
 def _mb(n):
@@ -209,7 +193,7 @@ def _scan_memory(kernel):
     outputs = (_nan((b, L, D)), _nan((b, D, N)), _nan((b, L // chunk, D, N)))
     inputs = tuple(np.ascontiguousarray(a) for a in args)
     kernel(*inputs, *outputs, chunk)                         # compiled already; warm
-    peak = _peak_bytes(lambda: kernel(*inputs, *outputs, chunk))
+    peak = peak_bytes(lambda: kernel(*inputs, *outputs, chunk), warm_up=False)
     history = L * N * 8
     require(peak < history // 4,
             f"your kernel allocated {_mb(peak)} at its peak for one call at (b, L, D, N) = {(b, L, D, N)}, float64. "
@@ -350,7 +334,7 @@ def _attention_memory(run, which):
     BH, T, d, BQ, BK = 2, 2048, 16, 32, 32
     q, k, v = (np.ascontiguousarray(a) for a in _attention_inputs(BH, T, T, d, d))
     run(q, k, v, BQ, BK)                                       # compiled already; warm
-    peak = _peak_bytes(lambda: run(q, k, v, BQ, BK))
+    peak = peak_bytes(lambda: run(q, k, v, BQ, BK), warm_up=False)
     scores = T * T * 8
     require(peak < scores // 4,
             f"your {which} kernel allocated {_mb(peak)} at its peak for one call with {BH} heads, Tq = Tk = {T}, "

@@ -1,40 +1,19 @@
 """How much memory attention allocates while it runs: O(T d) for the tiled kernel, O(T^2) for naive attention.
 
-    peak_bytes(fn)                               the most bytes fn() held at once, beyond what it returned
+    measure("fused", T)                          the most bytes one forward held at once, beyond its outputs
     memory_curve([256, 512, 1024])               {"fused": [bytes at each T], "naive": [...]}
-    growth(Ts, bytes)                            the exponent p in bytes ~ T^p, fitted over the sizes
 
-The measurement is `tracemalloc`, Python's allocation tracer, which works the same on Linux, macOS
-and Windows. It sees every array numpy allocates and every array a Numba kernel allocates (both go
-through Python's memory hooks), on any thread; it does not see PyTorch's own allocator. So both
-contestants here work on numpy arrays: the course's Numba kernel (attention_cpu.forward_kernel, its
-outputs allocated before the measurement starts) and naive attention written with numpy, which
-builds the (H, T, T) scores and their softmax as chapter 04's attention does.
-
-The first call of a kernel compiles it, and compiling allocates tens of MB: `peak_bytes` runs fn
-once before it starts tracing. A curve, not a single figure, says which is which: a fixed overhead
-(Numba's task scheduling, a few tile buffers) cannot change how the figure grows with T.
+The measuring tools (`peak_bytes`, and `growth` to fit a curve) are course_lib/memory.py's; this file
+picks the contestants.
+tracemalloc does not see PyTorch's allocator, so both work on numpy arrays: the course's Numba kernel
+(attention_cpu.forward_kernel, its outputs allocated before the measurement starts) and naive attention
+written with numpy, which builds the (H, T, T) scores and their softmax as chapter 04's attention does.
 """
-
-import tracemalloc
 
 import numpy as np
 
 from course_lib.fused import attention_cpu
-
-
-def peak_bytes(fn, warm_up=True):
-    """The peak of the bytes allocated by numpy and Numba while fn() runs, above what was held before."""
-    if warm_up:
-        fn()                                     # compile, and let every cache fill, outside the measurement
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        fn()
-        return tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
+from course_lib.memory import peak_bytes
 
 
 def naive_attention(q, k, v, causal):
@@ -66,12 +45,6 @@ def measure(method, T, H=4, d=64, causal=True, dtype=np.float32):
 def memory_curve(Ts=(256, 512, 1024), methods=("fused", "naive"), H=4, d=64, causal=True):
     """{method: [peak extra bytes at each T]} for one forward, float32."""
     return {method: [measure(method, T, H, d, causal) for T in Ts] for method in methods}
-
-
-def growth(Ts, sizes):
-    """The exponent p of the least-squares fit sizes ~ c T^p, in log-log coordinates."""
-    x, y = np.log(np.asarray(Ts, float)), np.log(np.maximum(np.asarray(sizes, float), 1.0))
-    return float(np.polyfit(x, y, 1)[0])
 
 
 def matrix_bytes(T, H=4, itemsize=4):
