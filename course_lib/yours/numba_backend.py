@@ -36,6 +36,7 @@ import numba
 import numpy as np
 from numba import cfunc, njit
 
+from course_lib.fast.indexing import as_int_array
 from course_lib.fast.indexing import flat as _flat
 from course_lib.fast.indexing import fresh as _fresh
 from course_lib.fast.plans import run_shape, strides
@@ -70,10 +71,8 @@ def op_inlined(op):
 
 # ---- views as your kernels take them ----------------------------------------------------------------
 
-@functools.lru_cache(maxsize=4096)
-def _ints(values):
-    """A shape or strides as an int64 array (cached: a training loop asks for the same few)."""
-    return np.array(values, dtype=np.int64)
+# a shape or strides as an int64 array, cached: a training loop asks for the same few
+_ints = functools.lru_cache(maxsize=4096)(as_int_array)
 
 
 def _storage(view):
