@@ -19,7 +19,7 @@ One idea per file, in the order a step goes through them:
     replay.py      the program: one generated function that makes the step's calls in order
     index.py       the embedding's gather and scatter-add as kernels
     step.py        the compiled step: capture, confirm, build, replay, and the messages
-    capturable.py  an optimizer and a gradient clipping whose changing numbers live in tensors
+    capturable.py  CAPTURABLE: the course's library (a trainer.Library) whose changing numbers live in tensors
     draw.py        the graph before and after fusion, as chapter 03 draws graphs
 """
 

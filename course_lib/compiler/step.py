@@ -1,6 +1,6 @@
 """A compiled step: capture, confirm, build, then replay every call that passes the guards.
 
-    step = compile(train_step)            # train_step(model, optimizer, x, y) -> loss
+    step = compile(train_step)            # train_step(model, optimizer, x, y, ...) -> the loss tensor
     for x, y in batches:
         loss = step(model, optimizer, x, y)
 
