@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 
-from course_lib.compiler.ir import TEMP, contiguous_strides
+from course_lib.compiler.ir import TEMP
+from course_lib.tensor.tensor_data import contiguous_strides
 
 ELEMENTWISE = ("map", "zip", "where", "one_hot")
 

@@ -19,16 +19,17 @@ and what it leaves in them.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
+import types
 
 import numpy as np
 
 from course_lib.compiler.ir import CONST, INPUT, SCRATCH, STATE, TEMP, Buffer, Graph, Node, Ref, Slot, View
 from course_lib.tensor import OPS, Tensor, autodiff, nn, optim
-from course_lib.tensor import backend as backend_module
 from course_lib.tensor import functions as F
-from course_lib.tensor.backend import Backend, current_backend, register_backend, use_backend
+from course_lib.tensor.backend import Backend, current_backend, registered_backend, use_backend
 from course_lib.tensor.tensor_data import TensorData
 
 
@@ -39,16 +40,34 @@ class Unsupported(RuntimeError):
 # ---- where an op came from --------------------------------------------------------------------------
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_TENSOR = os.path.join(os.path.dirname(_HERE), "tensor")
-_FAST = os.path.join(os.path.dirname(_HERE), "fast")
-# the library's plumbing: an op's line is the first frame outside these files
-_PLUMBING = {os.path.join(_TENSOR, f) for f in
-             ("autodiff.py", "tensor.py", "functions.py", "backend.py", "numpy_backend.py", "tensor_data.py")}
+
+
+def _core_files(module, package="course_lib.tensor."):
+    """The files of `module` and of every module of `package` it reaches through its names, at any depth.
+    From tensor.py: autodiff, the op registry and its Functions, TensorData, the backend interface, the
+    scalar ops -- the plumbing an op passes through between the line that asked for it and its backend
+    call. The modules written with ops (nn.py's layers, optim.py's optimizers) are not reached, so a
+    message names their lines."""
+    todo, seen = [module], {}
+    while todo:
+        m = todo.pop()
+        if m.__name__ in seen:
+            continue
+        seen[m.__name__] = os.path.abspath(m.__file__)
+        for value in vars(m).values():
+            if not isinstance(value, types.ModuleType):
+                value = sys.modules.get(getattr(value, "__module__", None) if isinstance(value, type) or
+                                        inspect.isfunction(value) else type(value).__module__)
+            if value is not None and value.__name__.startswith(package):
+                todo.append(value)
+    return set(seen.values())
+
+
+_PLUMBING = _core_files(sys.modules["course_lib.tensor.tensor"])
 
 
 def _is_plumbing(filename):
-    return filename in _PLUMBING or filename.startswith(_FAST) or (
-        filename.startswith(_HERE) and not filename.endswith("capturable.py"))
+    return filename in _PLUMBING or (filename.startswith(_HERE) and not filename.endswith("capturable.py"))
 
 
 def where_from(depth=2, frames=2):
@@ -163,15 +182,12 @@ TRACING = TracingBackend()
 def tracing(tracer):
     """Inside the block, every backend call and every op goes to `tracer`. The tracing backend is
     registered for the block only, so the library's list of backends is the same before and after."""
-    register_backend(TRACING.name, TRACING)
     TRACING.tracer = tracer
     try:
-        with use_backend(TRACING.name), autodiff.op_mode(tracer):
+        with registered_backend(TRACING.name, TRACING), use_backend(TRACING.name), autodiff.op_mode(tracer):
             yield
     finally:
         TRACING.tracer = None
-        backend_module.REGISTRY.pop(TRACING.name, None)
-        backend_module._loaded.pop(TRACING.name, None)
 
 
 # ---- the tracer ---------------------------------------------------------------------------------------
