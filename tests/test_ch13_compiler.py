@@ -297,7 +297,7 @@ def test_an_op_outside_the_backend_runs_as_python_inside_the_compiled_step(capsy
 
 
 def broken_generator(kernel):
-    from course_lib.compiler.codegen import pointwise_source
+    from course_lib.compiler.answers import pointwise_source
     return pointwise_source(kernel).replace("for j in range(n):", "for j in range(n):\n            q = undefined_name")
 
 

@@ -236,9 +236,10 @@ def _is(fn, library_fn):
 
 
 class Tracer:
-    """Records one call of a step. `record` is the heart: one node per backend call."""
+    """Records one call of a step. Its recorder is the heart: one node per backend call (Pieces.record,
+    chapter 13's first exercise), called as recorder(tracer, kind, op, inputs, out, into, attrs)."""
 
-    def __init__(self, inner, recorder=None):
+    def __init__(self, inner, recorder):
         self.inner = inner                  # the backend that computes the values
         self.nodes, self.buffers = [], []
         self.by_storage = {}                # id(storage) -> Buffer
@@ -247,7 +248,7 @@ class Tracer:
         self.int_inputs = []                # (argument index, Buffer) of the integer arrays passed in
         self.dropped = set()                # buffers made inside an island: only the island knows them
         self.island_of_ctx = {}             # id(ctx) -> the forward island that made it
-        self._record = recorder or record   # the recording function: the course's, or the learner's
+        self._record = recorder             # the recording function: the course's, or the learner's
 
     # ---- buffers
     def buffer(self, kind, array, name="", origin=None):
@@ -260,20 +261,22 @@ class Tracer:
         return buf
 
     def value_of(self, td):
-        """The Ref a node reads for the TensorData `td`: its buffer (a new const if the memory is new to the
-        tracer, its values copied now) and its view."""
-        buf = self.by_storage.get(id(td.storage))
-        if buf is None:
-            buf = self.buffer(CONST, td.storage, origin=where_from(3))
-            buf.value = np.array(td.storage)  # a copy: the library may reuse the memory later
-        elif buf.id in self.dropped:
+        """The Ref of the TensorData `td` outside a recorded call (an island's operands, the state the step
+        leaves, its result): the buffer of its memory, or a constant of the values it holds now."""
+        buf = self.by_storage.get(id(td.storage)) or self._constant(td.storage, where_from(3))
+        if buf.id in self.dropped:
             raise Unsupported(f"{describe_where(where_from(3))} reads a value made inside an op that runs "
                               "outside the backend; the compiler cannot see how it was made")
         return Ref(buf, View.of(td))
 
+    def _constant(self, storage, origin):
+        constant = self.buffer(CONST, storage, origin=origin)
+        constant.value = np.array(storage)   # a copy: the library may reuse the memory later
+        return constant
+
     # ---- recording
     def record(self, kind, op, inputs, out, into=False, **attrs):
-        """Append the node for one backend call (see `record` below)."""
+        """Append the node for one backend call, made by the recorder."""
         scope = self.scopes[0].name if self.scopes else ""   # the op the step called (LayerNorm, not its Sub)
         node = self._record(self, kind, op, inputs, out, into, attrs)
         node.scope, node.where = scope, where_from(3, 1)
@@ -450,30 +453,6 @@ class Tracer:
         self.nodes.append(node)
 
 
-def record(tracer, kind, op, inputs, out, into, attrs):
-    """One backend call as a node (chapter 13's first exercise). Each input is looked up by its memory: a
-    buffer the graph knows (an input, state, a value an earlier node made), or memory the step's ops did
-    not make, a new constant whose values are copied now. The output's memory becomes a new buffer that
-    this node makes, or, with `into`, the call wrote into a view of a scratch buffer: the node is that
-    buffer's latest writer and comes after the previous one."""
-    refs = []
-    for td in inputs:
-        buf = tracer.by_storage.get(id(td.storage))
-        if buf is None:
-            buf = tracer.buffer(CONST, td.storage)
-            buf.value = np.array(td.storage)
-        refs.append(Ref(buf, View.of(td)))
-    if into:
-        buf = tracer.by_storage[id(out.storage)]
-        attrs = dict(attrs, into=True, after=buf.producer)
-    else:
-        buf = tracer.buffer(TEMP, out.storage)
-    node = Node(len(tracer.nodes), kind, op, refs, Ref(buf, View.of(out)), attrs)
-    buf.producer = node
-    tracer.nodes.append(node)
-    return node
-
-
 # ---- one capture ----------------------------------------------------------------------------------------
 
 def _static(arg, k, tracer):
@@ -503,8 +482,9 @@ def _refs(value, tracer):
     return value
 
 
-def capture(fn, args, recorder=None):
-    """Run fn(*args) once with every op recorded; return (Graph, the call's result).
+def capture(fn, args, recorder):
+    """Run fn(*args) once with every op recorded by `recorder` (Pieces.record); return (Graph, the call's
+    result).
 
     The call really happens, on the backend that is current: its result and its effects on the
     arguments' objects (an optimizer step) are those of an eager call."""
