@@ -440,7 +440,7 @@ def _gpt_step_groups(rule):
     import torch
 
     from course_lib.capstone import GPT
-    from course_lib.compiler import answers, trace
+    from course_lib.compiler import Pieces, trace
     from course_lib.compiler.build import prune
     from course_lib.compiler.capturable import CAPTURABLE
     from course_lib.compiler.fuse import fusable, group_nodes
@@ -456,17 +456,18 @@ def _gpt_step_groups(rule):
     optimizer = configure_optimizer(model, TrainConfig(), CAPTURABLE)
     batch = [rng().integers(0, config.vocab_size, (2, 8)) for _ in range(2)]
     train_step(model, optimizer, *batch, 1.0, CAPTURABLE)          # the optimizer makes its state
-    graph, _ = trace.capture(train_step, (model, optimizer, *batch, 1.0, CAPTURABLE), answers.record)
+    course_record = Pieces().record                                 # capture as the course does
+    graph, _ = trace.capture(train_step, (model, optimizer, *batch, 1.0, CAPTURABLE), course_record)
     nodes, _ = prune(graph)
     return group_nodes(nodes, rule), [n for n in nodes if fusable(n)]
 
 
 def _captured_groups(fn, args, rule):
-    from course_lib.compiler import answers, trace
+    from course_lib.compiler import Pieces, trace
     from course_lib.compiler.build import prune
     from course_lib.compiler.fuse import group_nodes
 
-    graph, _ = trace.capture(fn, args, answers.record)
+    graph, _ = trace.capture(fn, args, Pieces().record)            # capture as the course does
     nodes, _ = prune(graph)
     return group_nodes(nodes, rule)
 

@@ -403,8 +403,8 @@ class Tracer:
         buf = self.buffer(TEMP, out.data.storage)
         node = Node(len(self.nodes), kind, "", [self.value_of(source.data), ref], Ref(buf, View.of(out.data)),
                     dict(width=width), scope.name, where_from(3, 1))
-        buf.producer = node
         self.nodes.append(node)
+        buf.producer = node
         return True
 
     def argument(self, value):
@@ -449,8 +449,8 @@ class Tracer:
         buf = self.buffer(TEMP, storage)
         node = Node(len(self.nodes), "one_hot", "", [ref], Ref(buf, View.of(target.data)),
                     dict(classes=target.shape[1], matched=how), "cross_entropy", where_from(3, 1))
-        buf.producer = node
         self.nodes.append(node)
+        buf.producer = node
 
 
 # ---- one capture ----------------------------------------------------------------------------------------
