@@ -375,3 +375,24 @@ def test_chapter_12s_assembly_compiles_with_its_routed_ops_seen_through(workspac
     assert "works outside the backend" not in capsys.readouterr().out
     counts = step.program.counts()
     assert step.stats.replays == 2 and "island" not in counts and counts["index"] == 4   # gathers, scatter-adds
+
+
+def test_the_recipes_loop_trains_on_the_capturable_library_as_on_the_courses():
+    """gpt.trainer.train with lib=CAPTURABLE: the schedule reaches the optimizer's learning-rate tensor through
+    the Library's set_lr, and the losses are those of the course's library (optim.AdamW, clipping with .item())."""
+    from course_lib.capstone import COURSE
+    from course_lib.gpt import make_get_batch
+    from course_lib.gpt.trainer import train
+
+    cfg = TrainConfig(max_iters=6, lr=3e-3, warmup_iters=2, lr_decay_iters=6, eval_interval=0, eval_iters=1,
+                      batch_size=2)
+    tokens = torch.from_numpy(np.random.default_rng(0).integers(0, CONFIG.vocab_size, 300))
+    torch.manual_seed(5)
+    reference = TorchGPT(CONFIG).double()
+    histories = {}
+    for lib in (COURSE, CAPTURABLE):
+        model = GPT.from_torch(reference)
+        histories[lib.name] = train(model, make_get_batch(tokens, 8, 2, seed=1), cfg, progress=False, lib=lib)
+    course, capturable_ = (np.array(histories[lib.name]["loss"]) for lib in (COURSE, CAPTURABLE))
+    np.testing.assert_allclose(capturable_, course, rtol=1e-10)
+    assert histories[CAPTURABLE.name]["lr"] == [lr_at(it, cfg) for it in range(6)]
