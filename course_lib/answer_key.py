@@ -52,7 +52,10 @@ CH11 = {}
 CH12 = {}
 
 # ---- chapter 13 ----
-CH13 = {}
+CH13 = {"record": "course_lib.compiler.answers:record",
+        "can_join": "course_lib.compiler.answers:can_join",
+        "pointwise_source": "course_lib.compiler.answers:pointwise_source",
+        "guard": "course_lib.compiler.answers:guard"}
 
 # ---- chapter 14 ----
 CH14 = {}

@@ -16,12 +16,14 @@ from course_lib.capstone import configure_optimizer as eager_optimizer
 from course_lib.capstone import train_step as eager_step
 from course_lib.compiler import Pieces, capturable, kernels
 from course_lib.compiler import compile as compile_step
+from course_lib.compiler.capturable import CAPTURABLE
 from course_lib.compiler.plan import place
 from course_lib.gpt import configure_optimizer as torch_optimizer
 from course_lib.gpt import train_step as torch_step
 from course_lib.gpt.model import GPT as TorchGPT
 from course_lib.gpt.model import GPTConfig
-from course_lib.gpt.trainer import TrainConfig, lr_at
+from course_lib.gpt.trainer import TrainConfig, lr_at, train_step
+from course_lib.gpt.trainer import configure_optimizer as recipe_optimizer
 from course_lib.tensor import Function
 
 CONFIG = GPTConfig(vocab_size=19, block_size=11, n_layer=2, n_head=3, n_embd=15, dropout=0.0)
@@ -73,22 +75,23 @@ def gpt_runs():
     torch.manual_seed(3)
     reference = TorchGPT(CONFIG).double()
     eager_model, model = GPT.from_torch(reference), GPT.from_torch(reference)
-    eager_opt, opt = eager_optimizer(eager_model, TRAIN), capturable.configure_optimizer(model, TRAIN)
+    eager_opt, opt = eager_optimizer(eager_model, TRAIN), recipe_optimizer(model, TRAIN, CAPTURABLE)
     theirs = TorchGPT(CONFIG).double()
     theirs.load_state_dict(reference.state_dict())
     their_opt = torch_optimizer(theirs, TRAIN)
-    step = compile_step(capturable.train_step, verbose=False)
+    step = compile_step(train_step, verbose=False)
     rng = np.random.default_rng(7)
     losses = {"eager": [], "compiled": [], "torch": []}
     for it in range(20):
         x, y = (rng.integers(0, CONFIG.vocab_size, (3, 10)) for _ in range(2))
         lr = lr_at(it, TRAIN)
-        eager_opt.lr = opt.lr = lr
+        eager_opt.lr = lr
+        CAPTURABLE.set_lr(opt, lr)
         for group in their_opt.param_groups:
             group["lr"] = lr
-        losses["eager"].append(eager_step(eager_model, eager_opt, x, y))
-        losses["compiled"].append(step(model, opt, x, y).item())
-        losses["torch"].append(torch_step(theirs, their_opt, torch.from_numpy(x), torch.from_numpy(y)))
+        losses["eager"].append(eager_step(eager_model, eager_opt, x, y).item())
+        losses["compiled"].append(step(model, opt, x, y, TRAIN.grad_clip, CAPTURABLE).item())
+        losses["torch"].append(torch_step(theirs, their_opt, torch.from_numpy(x), torch.from_numpy(y)).item())
     return dict(losses=losses, step=step, models=(eager_model, model, theirs), backends_before=backends_before)
 
 
@@ -161,7 +164,7 @@ def test_a_replay_allocates_nothing_and_the_plan_shares_memory(gpt_runs):
     program = step.program
     rng = np.random.default_rng(1)
     x, y = (rng.integers(0, CONFIG.vocab_size, (3, 10)) for _ in range(2))
-    args = [a for a in (model, _optimizer_of(step), x, y)]
+    args = [model, _optimizer_of(step), x, y, TRAIN.grad_clip, CAPTURABLE]
     step(*args)
     tracemalloc.start()
     step(*args)
@@ -231,7 +234,7 @@ def test_a_value_read_mid_step_breaks_the_graph_naming_the_line(capsys):
     rng = np.random.default_rng(2)
     for _ in range(3):
         loss = step(model, opt, *(rng.integers(0, CONFIG.vocab_size, (2, 8)) for _ in range(2)))
-        assert isinstance(loss, float) and math.isfinite(loss)
+        assert math.isfinite(loss.item())
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("compile: `train_step` runs eagerly: graph break: optim.py:")
     assert "clip_grad_norm_" in line and "trainer.py:" in line and ".item()" in line
@@ -294,7 +297,7 @@ def test_an_op_outside_the_backend_runs_as_python_inside_the_compiled_step(capsy
 
 
 def broken_generator(kernel):
-    from course_lib.compiler.codegen import pointwise_source
+    from course_lib.compiler.answers import pointwise_source
     return pointwise_source(kernel).replace("for j in range(n):", "for j in range(n):\n            q = undefined_name")
 
 
@@ -312,15 +315,15 @@ def test_a_failing_kernel_shows_its_source_and_its_group():
 def test_an_index_out_of_range_at_replay_names_the_launch():
     torch.manual_seed(0)
     model = GPT.from_torch(TorchGPT(CONFIG).double())
-    opt = capturable.configure_optimizer(model, TRAIN)
-    step = compile_step(capturable.train_step, verbose=False)
+    opt = recipe_optimizer(model, TRAIN, CAPTURABLE)
+    step = compile_step(train_step, verbose=False)
     rng = np.random.default_rng(3)
     for _ in range(4):
-        step(model, opt, *(rng.integers(0, CONFIG.vocab_size, (2, 8)) for _ in range(2)))
+        step(model, opt, *(rng.integers(0, CONFIG.vocab_size, (2, 8)) for _ in range(2)), 1.0, CAPTURABLE)
     bad = rng.integers(0, CONFIG.vocab_size, (2, 8))
     bad[1, 3] = CONFIG.vocab_size + 5
     with pytest.raises(kernels.KernelError, match="gather"):
-        step(model, opt, bad, bad)
+        step(model, opt, bad, bad, 1.0, CAPTURABLE)
 
 
 def test_state_changed_between_calls_is_taken_in():
@@ -361,14 +364,35 @@ def test_chapter_12s_assembly_compiles_with_its_routed_ops_seen_through(workspac
     torch.manual_seed(4)
     reference = TorchGPT(CONFIG).double()
     eager_model, model = parts.GPT.from_torch(reference), parts.GPT.from_torch(reference)
-    eager_opt, opt = capturable.configure_optimizer(eager_model, TRAIN), capturable.configure_optimizer(model, TRAIN)
-    step = compile_step(capturable.train_step)
+    eager_opt, opt = recipe_optimizer(eager_model, TRAIN, CAPTURABLE), recipe_optimizer(model, TRAIN, CAPTURABLE)
+    step = compile_step(train_step)
     rng = np.random.default_rng(5)
     with parts.running():
         for _ in range(5):
             x, y = (rng.integers(0, CONFIG.vocab_size, (2, 7)) for _ in range(2))
-            expected = capturable.train_step(eager_model, eager_opt, x, y).item()
-            assert abs(step(model, opt, x, y).item() - expected) <= 1e-12
+            expected = train_step(eager_model, eager_opt, x, y, 1.0, CAPTURABLE).item()
+            assert abs(step(model, opt, x, y, 1.0, CAPTURABLE).item() - expected) <= 1e-12
     assert "works outside the backend" not in capsys.readouterr().out
     counts = step.program.counts()
     assert step.stats.replays == 2 and "island" not in counts and counts["index"] == 4   # gathers, scatter-adds
+
+
+def test_the_recipes_loop_trains_on_the_capturable_library_as_on_the_courses():
+    """gpt.trainer.train with lib=CAPTURABLE: the schedule reaches the optimizer's learning-rate tensor through
+    the Library's set_lr, and the losses are those of the course's library (optim.AdamW, clipping with .item())."""
+    from course_lib.capstone import COURSE
+    from course_lib.gpt import make_get_batch
+    from course_lib.gpt.trainer import train
+
+    cfg = TrainConfig(max_iters=6, lr=3e-3, warmup_iters=2, lr_decay_iters=6, eval_interval=0, eval_iters=1,
+                      batch_size=2)
+    tokens = torch.from_numpy(np.random.default_rng(0).integers(0, CONFIG.vocab_size, 300))
+    torch.manual_seed(5)
+    reference = TorchGPT(CONFIG).double()
+    histories = {}
+    for lib in (COURSE, CAPTURABLE):
+        model = GPT.from_torch(reference)
+        histories[lib.name] = train(model, make_get_batch(tokens, 8, 2, seed=1), cfg, progress=False, lib=lib)
+    course, capturable_ = (np.array(histories[lib.name]["loss"]) for lib in (COURSE, CAPTURABLE))
+    np.testing.assert_allclose(capturable_, course, rtol=1e-10)
+    assert histories[CAPTURABLE.name]["lr"] == [lr_at(it, cfg) for it in range(6)]

@@ -28,7 +28,7 @@ def configure_optimizer(model, cfg):
 
 
 def train_step(model, optimizer, x, y, grad_clip=1.0):
-    """Chapter 04's step (forward, backward, clipping, update) with the course's clipping. Returns the loss."""
+    """Chapter 04's step (forward, backward, clipping, update) with the course's clipping. Returns the loss tensor."""
     return trainer.train_step(model, optimizer, x, y, grad_clip, COURSE)
 
 
@@ -62,7 +62,7 @@ def compare_training(config, cfg: TrainConfig, tokens, steps, dtype=np.float64, 
         model.train()
         for it in range(steps):
             set_lr(optimizer, lr_at(it, cfg))
-            losses[name].append(trainer.train_step(model, optimizer, *get_batch("train"), cfg.grad_clip, lib))
+            losses[name].append(trainer.train_step(model, optimizer, *get_batch("train"), cfg.grad_clip, lib).item())
         if keep is not None:
             keep[name] = model
     return losses["torch"], losses["course"]
