@@ -290,7 +290,7 @@ def test_backend_selection():
     with pytest.raises(ct.BackendUnavailable, match="unknown backend 'tpu'"):
         ct.set_backend("tpu")
     assert ct.current_backend_name() == "numpy"
-    assert set(B.REGISTRY) == {"numpy", "numba", "cuda"}
+    assert {"numpy", "numba", "cuda"} <= set(B.REGISTRY)  # the built-in three (a test may have added a yours-* one)
     for name in ("numba", "cuda"):
         ok, why = ct.backend_status(name)
         assert ok or why  # unavailable backends say why
