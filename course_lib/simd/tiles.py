@@ -20,8 +20,8 @@ Every array must be C-contiguous: slicing the leading rows (`k[h, j0:]`) keeps a
 slicing columns does not, and a non-contiguous view makes the same loop about 6x slower (LLVM cannot
 assume that consecutive x are neighbours in memory). That is why the sizes n, m, k are arguments:
 the callers keep whole buffers and say how much of each to use.
-A product that needs a.T or b.T (P^T dO in the backward) gets it from `transpose` first: moving
-n * m numbers costs far less than the n * m * k multiply-adds of the product.
+A product that needs a.T or b.T (P V needs V^T, P^T dO in the backward needs P^T) gets it from
+`transpose` first: moving n * m numbers costs far less than the n * m * k multiply-adds of the product.
 """
 
 import numba
@@ -71,8 +71,18 @@ def _dot_into(a, b, out, i, j, k, accumulate):
 
 @numba.njit(cache=True)
 def transpose(a, out, n, m):
-    """out[:m, :n] = a[:n, :m].T. Tiles fit in the L1 cache, so plain loops do: reading along rows of a,
-    writing down columns of out (blocking the loops, with their bounds tests, only slows them down)."""
-    for i in range(n):
+    """out[:m, :n] = a[:n, :m].T, in blocks of 16 x 16. Row by row, every write of a long row would land
+    in another cache line; a block touches 16 lines of a and 16 of out, and its loops have a length LLVM
+    knows (16), so it unrolls them. The rows and columns past the last whole block go one by one."""
+    n16, m16 = n - n % 16, m - m % 16
+    for i0 in range(0, n16, 16):
+        for j0 in range(0, m16, 16):
+            for j in range(j0, j0 + 16):
+                for i in range(i0, i0 + 16):
+                    out[j, i] = a[i, j]
+    for i in range(n16):
+        for j in range(m16, m):
+            out[j, i] = a[i, j]
+    for i in range(n16, n):
         for j in range(m):
             out[j, i] = a[i, j]
