@@ -41,9 +41,10 @@ call, tile by tile (O(T d) memory, like its dQ copies). The tasks run in a zigza
 (0, n-1, 1, n-2, ...): causal tiles far down the diagonal hold more work, and any contiguous half of
 the tasks, which is what each of two cores gets, holds half the work.
 
-Tiles. The forward's key tile is long, 256 keys: the product P V sums over the tile's keys, and a
-dot product of 256 numbers spends a smaller share of its time adding up its vector lanes than one of
-64. The row-by-row softmax work per tile grows with it too, so its loops run longer between jumps.
+Tiles. The forward's key tile is long, 256 keys, for the product P V: it sums over the tile's keys, and
+each dot product of matmul_bt ends by adding up its vector lanes, a cost that one sum of 256 terms pays
+once and four sums of 64 pay four times. (Q K^T sums over the head size, whatever the tiles.) The row
+maxes of the softmax go through `tiles.row_max`, which keeps 8 running maxes instead of one.
 """
 
 import numba
@@ -51,7 +52,7 @@ import numpy as np
 from numba import prange
 
 from course_lib.simd.fastexp import exp_neg
-from course_lib.simd.tiles import FASTMATH, matmul_bt, transpose
+from course_lib.simd.tiles import FASTMATH, matmul_bt, row_max, transpose
 
 FORWARD_TILES = (64, 256)    # (BQ, BK): query rows and keys per tile of the forward
 BACKWARD_TILES = (64, 64)    # and of the backward
@@ -95,9 +96,7 @@ def forward_tile(q, k, v, out, lse, i0, nq, offset, scale, causal, BK):
         matmul_bt(qs, k[j0:], s, nq, nk, d, False)         # (nq, nk) scaled scores
         for i in range(nq):
             n = min(nk, i0 + i + offset + 1 - j0) if causal else nk   # the keys row i may see
-            m_new = m[i]
-            for j in range(n):
-                m_new = max(m_new, s[i, j])
+            m_new = row_max(s[i], n, m[i])
             alpha = exp_neg(m[i] - m_new)                  # moves the old sums to the new max
             total = q.dtype.type(0)
             for j in range(n):

@@ -2,6 +2,7 @@
 
     matmul_bt(a, b, out, n, m, k, accumulate)    out[:n, :m] (+)= a[:n, :k] @ b[:m, :k].T
     transpose(a, out, n, m)                      out[:m, :n] = a[:n, :m].T
+    row_max(row, n, start)                       max(start, row[0], ..., row[n - 1]), in 8 running maxes
 
 FlashAttention is two matrix products per tile with a softmax between them. On a GPU the products go
 to tensor cores; here they are ours, in Numba, and this file is what makes them fast. (`np.dot`
@@ -86,3 +87,20 @@ def transpose(a, out, n, m):
     for i in range(n16, n):
         for j in range(m):
             out[j, i] = a[i, j]
+
+
+@numba.njit(fastmath=FASTMATH, cache=True)
+def row_max(row, n, start):
+    """max(start, row[0], ..., row[n - 1]), start when n <= 0, in 8 running maxes. LLVM leaves a loop of
+    `max` scalar (it does not vectorize this reduction, fastmath or not), so a single running max waits
+    at each element for the comparison before it; 8 of them, over every 8th element, keep 8 in flight."""
+    if n <= 0:
+        return start
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = start
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        m0, m1, m2, m3 = max(m0, row[j]), max(m1, row[j + 1]), max(m2, row[j + 2]), max(m3, row[j + 3])
+        m4, m5, m6, m7 = max(m4, row[j + 4]), max(m5, row[j + 5]), max(m6, row[j + 6]), max(m7, row[j + 7])
+    for j in range(n8, n):
+        m0 = max(m0, row[j])
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
