@@ -27,7 +27,7 @@ from course_lib.memory import growth, peak_bytes
 
 
 def _mb(n):
-    return f"{n / 1e6:.2f} MB"
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
 
 
 def _nan(shape, dtype=np.float64):
@@ -424,7 +424,7 @@ def _causal_skip_forward(kernel):
                 f"Masked weights are 0, so the values can come out right, but 0 * NaN is NaN: the tile was read, "
                 f"which at large T is half of all tiles.",
                 hint="a key tile that no row of the query tile can see needs no work at all (lesson 10, section 8's "
-                     "grid): the rows of a query tile agree on the last key any of them sees.")
+                     "grid of visited and skipped tiles).")
 
 
 def _backward_memory(kernel):
