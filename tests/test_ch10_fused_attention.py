@@ -19,6 +19,7 @@ from course_lib.fused.attention_memory import memory_curve
 from course_lib.fused.attention_op import attention, attention_forward, naive_attention
 from course_lib.gpt.model import GPT, GPTConfig, KVCache, attention_kernel
 from course_lib.memory import growth
+from course_lib.simd.tiles import row_max, transpose
 
 torch.set_num_threads(1)
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -198,3 +199,23 @@ def test_memory_is_flat_for_fused_and_grows_like_T_squared_for_naive():
     naive = growth(Ts, curve["naive"])
     assert naive > 1.8, (naive, curve["naive"])                       # O(T^2): the (H, T, T) scores
     assert curve["naive"][-1] > 4 * 1024**2 * 4                       # at least one (4, 1024, 1024) float32 matrix
+
+
+# ---- the building blocks of course_lib.simd.tiles ----------------------------------------------
+
+
+@pytest.mark.parametrize("n, m", [(1, 1), (16, 16), (37, 50), (256, 64), (15, 33)])
+def test_transpose_in_blocks_equals_numpy(n, m):
+    a = np.random.default_rng(n * m).standard_normal((n + 2, m + 3))
+    out = np.full((m + 5, n + 4), np.nan)
+    transpose(a, out, n, m)
+    np.testing.assert_array_equal(out[:m, :n], a[:n, :m].T)
+    assert np.isnan(out[m:]).all() and np.isnan(out[:, n:]).all()       # nothing written past the sizes
+
+
+def test_row_max_is_the_max_of_the_first_n_and_the_start():
+    row = np.random.default_rng(3).standard_normal(29)
+    for n in range(-3, 30):
+        for start in (-np.inf, 0.5):
+            expected = max(start, row[:n].max()) if n > 0 else start
+            assert row_max(row, n, start) == expected, (n, start)
