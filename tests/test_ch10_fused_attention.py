@@ -1,11 +1,12 @@
 """Tiled attention (course_lib.fused.attention_*) against F.scaled_dot_product_attention in float64.
 
 Values and the gradients of q, k and v, causal or not, on random shapes whose lengths are not
-multiples of the tiles (the CPU kernel's 64, the CUDA kernel's 16), also with fewer queries than
+multiples of the tiles (the CPU kernel's, the CUDA kernel's 16), also with fewer queries than
 keys (a KV cache). The CUDA kernels run on Numba's simulator at tiny sizes. The op passes opcheck,
 its log-sum-exp output is right (and marked non-differentiable), chapter 04's GPT gives the same
-logits with it, a kernel of one's own plugs into the GPT through `attention_kernel`, and the memory
-it allocates grows like T where naive attention's grows like T^2 (the exponent fitted over 3 sizes).
+logits with it once chapter 10's kernels are plugged in (`fused.models.running`), a kernel of one's
+own plugs into the GPT through `attention_kernel`, the forward's scratch stays its tiles' whatever T
+while naive attention's grows like T^2, and the tile helpers of course_lib.simd equal numpy.
 """
 
 import numba
