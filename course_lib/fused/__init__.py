@@ -11,7 +11,8 @@
 
 Several of these files hold the course's answers to the chapter's exercises (course_lib/answer_key.py
 says which definitions): read those once your checks pass. The building blocks the kernels share, an exp
-that vectorizes and the tile products, are in course_lib.simd.
+that vectorizes and the tile products, are in course_lib.simd (`fastexp` and `tiles` here only point
+there, for code saved before they moved).
 
 Import the module you need (`from course_lib.fused.attention_op import attention`): the package itself
 imports nothing, so that numba and torch load only when asked for.
