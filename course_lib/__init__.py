@@ -1,10 +1,11 @@
 """course_lib: the shared code of the course *Deep learning systems from scratch*.
 
 Each chapter's reference implementation lives in its own subpackage: autograd (01), tensor (02),
-graph (03), gpt (04), mamba (05), fast (06), cuda (07), custom_ops (08), infer (09), fused (10),
-distributed (11), capstone (12) and compiler (13). `course_lib.yours` assembles the learner's own saved
-pieces into working parts for later chapters, and `course_lib.learner` keeps the course's record of the
-learner (progress, saved answers, the workspace). The helpers every chapter uses are:
+graph (03), gpt (04), mamba (05), fast (06), cuda (07), custom_ops (08), infer (09), fused (10, its
+building blocks in simd), distributed (11), capstone (12) and compiler (13). `course_lib.yours`
+assembles the learner's own saved pieces into working parts for later chapters, and `course_lib.learner`
+keeps the course's record of the learner (progress, saved answers, the workspace). The helpers every
+chapter uses are:
 
 - `course_lib.checks`  the exercise checks and the toolkit they are written with
 - `course_lib.viz`     graph drawings (graphviz) and training curves (matplotlib)
