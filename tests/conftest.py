@@ -1,8 +1,10 @@
-"""Test-suite wiring: GPU-only tests are skipped visibly, and listed at the end of the run."""
+"""Test-suite wiring: GPU-only tests are skipped visibly, and listed at the end of the run; under xdist
+(`make test`), the tests run in groups, longest first (tests/worker_groups.py)."""
 
 import os
 
 import pytest
+import worker_groups
 
 from course_lib import device
 from course_lib.fast.cache import drop_stale_kernels
@@ -20,6 +22,8 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items[:] = worker_groups.longest_first(items)
     if not config.getoption("--slow"):
         opt_in = pytest.mark.skip(reason="slow, opt-in: run with --slow (make sweep)")
         for item in items:
@@ -31,6 +35,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):     # the marker, not the keyword: a folder named gpu is a keyword too
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") == "loadfile":
+        return worker_groups.GroupScheduling(config, log)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -53,3 +63,4 @@ def workspace(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def in_ci():
     return bool(os.environ.get("CI"))
+

@@ -189,7 +189,8 @@ def test_the_searches():
         assert names_the_machine(machine), machine
     for fine in ("256 threads,   2048 B shared, 32 regs/thread", "blocks of 8, 5, 16 threads", "numba 0.68.1",
                  "kept in work/yours/ch07.py", "work/course_lib/fast/ops.py", "~/.cache/ipython/numba_cache",
-                 "rank 0: a = [2, 4]", "32 regs/thread:  8 blocks per SM", "dot on the device: 2.9350171432", "shape (4, 6) | memory: True"):
+                 "rank 0: a = [2, 4]", "32 regs/thread:  8 blocks per SM", "dot on the device: 2.9350171432",
+                 "shape (4, 6) | memory: True"):
         assert names_the_machine(fine) is None, fine
     assert names_the_machine("saved in /srv/lab-machine-7/x", ["/srv/lab-machine-7"]) == "/srv/lab-machine-7"
 
