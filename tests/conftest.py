@@ -13,7 +13,8 @@ from course_lib.fast.cache import drop_stale_kernels
 # choice once, so a test file whose imports (sorted by the linter) load numba.cuda first would
 # otherwise fix it too early.
 device.setup(verbose=False)
-# Numba's saved kernels, dropped if a file they inline changed since they were compiled (fast/cache.py).
+# Numba's saved kernels, of every package, dropped if a file they inline changed since they were compiled
+# (fast/cache.py).
 drop_stale_kernels()
 
 
