@@ -109,3 +109,13 @@ def test_an_edit_of_an_inlined_helper_in_fused_recompiles_once_the_declared_func
     tiles.write_text(tiles.read_text().replace("out[j, i] = a[i, j]", "out[j, i] = 2 * a[i, j]"))
     assert total("unguarded") == "15.0"        # Numba alone: the stale machine code of tiles_transposed still runs
     assert total("guarded") == "30.0"          # dropped: compiled afresh with the edited transpose
+
+
+def test_the_guard_looks_where_the_compiler_writes_its_kernels(tmp_path, monkeypatch):
+    from course_lib.compiler import kernels
+
+    monkeypatch.setenv("COURSE_COMPILER_CACHE", str(tmp_path / "generated"))
+    assert cache.compiler_folder() == kernels.cache_dir()
+    monkeypatch.delenv("COURSE_COMPILER_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache.compiler_folder() == kernels.cache_dir()
