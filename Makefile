@@ -52,8 +52,9 @@ $(BOOK_STAMP): pyproject.toml | $(STAMP)
 	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -r $(VENV)/book-requirements.txt
 	touch $(BOOK_STAMP)
 
-# Opt-in: the slow tests: the checks against wrong implementations under 50 seeds (about 45 minutes
-# on 2 cores), and chapter 11's checks at world sizes 2, 3 and 4 (references and more mistakes).
+# Opt-in, and longer than `make test`: the slow tests: the checks against wrong implementations under 50
+# seeds, chapter 11's checks at world sizes 2, 3 and 4 (references and more mistakes), and every lesson and
+# solution rerun as another learner's machine computes them, with 4 and 1 Numba threads.
 sweep: $(STAMP)
 	$(BIN)/python -m pytest -q --slow -m slow tests
 
