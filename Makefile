@@ -76,7 +76,10 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "The course needs Python 3.11 or newer; run: make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-compile $(PIP_ARGS) -e '.[test]'
+	@# the packages' bytecode, compiled on every core (pip compiles one file at a time); as with pip, a file
+	@# written for a newer Python (torch's tests of 3.12 syntax) is left uncompiled
+	$(BIN)/python -c 'import compileall, sys; compileall.compile_dir(sys.prefix + "/lib", quiet=2, workers=0)'
 	$(BIN)/course setup
 	touch $(STAMP)
 
