@@ -5,7 +5,10 @@ workspace, on the course kernel), without its closing cells (those tagged "payof
 checks pass and save the reference answers in work/yours/ exactly as a learner's passes would.
 That takes from seconds to a minute a chapter, and chapters 12 and 13 need the answers of 01, 02
 and 06 too, so each chapter is saved once per test run (the first of xdist's workers to need it saves
-it, the other waits for it) and every module gets a copy.
+it, the other waits for it) and every module gets a copy. In `make test` it is not even run again:
+nbval has run the same notebook, payoff included, from the staged workspace (.learner-path), and once
+every cell of it has passed, its saves there are copied (`staged_run`; tests/worker_groups.py runs a
+chapter's solution notebook before its tests).
 
 Import this module as `import carried` (never also as `tests.carried`: a second copy of the module
 would keep a second set of saves).
@@ -16,6 +19,7 @@ import fcntl
 import io
 import os
 import shutil
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -56,6 +60,58 @@ def payoff_cells(chapter):
     return [c.source for c in nb.cells if c.cell_type == "code" and "payoff" in c.metadata.get("tags", [])]
 
 
+# make test's staged workspace, where nbval runs the solution notebooks as a learner's (read before any
+# fixture sets COURSE_WORKSPACE), and the nbval cells of each one not yet passed (None once one has failed).
+_STAGED = os.environ.get("COURSE_WORKSPACE")
+_PENDING = {}
+RAN = ".solutions-ran"    # a file per chapter whose staged solution notebook passed every cell
+
+
+def expect_solution_runs(items):
+    """Note the nbval cells of the staged solution notebooks among the collected items."""
+    if not _STAGED:
+        return
+    folder = (Path(_STAGED) / "exercises").resolve()
+    for item in items:
+        if item.path.suffix == ".ipynb" and item.path.resolve().parent == folder:
+            _PENDING.setdefault(item.path.name[:2], set()).add(item.nodeid)
+
+
+def solution_cell_ran(report):
+    """Called with every test report: once a staged solution notebook has passed every cell in this process,
+    mark it in the staged workspace, for every worker to see."""
+    for chapter, cells in _PENDING.items():
+        if cells and report.nodeid in cells:
+            if report.failed:
+                _PENDING[chapter] = None
+            elif report.when == "call" or report.skipped:
+                cells.discard(report.nodeid)
+                if not cells:
+                    (Path(_STAGED) / RAN).mkdir(exist_ok=True)
+                    (Path(_STAGED) / RAN / chapter).touch()
+            return
+
+
+class SolutionRuns:
+    """The pytest plugin that follows the staged solution notebooks' cells (registered by conftest.py)."""
+
+    def pytest_runtest_logreport(self, report):
+        solution_cell_ran(report)
+
+
+def staged_run(chapter):
+    """The workspace where nbval ran solutions/NN, unchanged, to the end with every cell passing (its checks
+    saved the answers there as a learner's passes do), or None."""
+    if not _STAGED:
+        return None
+    staged = Path(_STAGED)
+    notebook = staged / "exercises" / solution_notebook(chapter).name
+    if (staged / RAN / chapter).exists() and notebook.is_file() and \
+            notebook.read_bytes() == solution_notebook(chapter).read_bytes():
+        return staged
+    return None
+
+
 # Each chapter's reference answers are saved once per test run, in a folder all of xdist's workers share
 # (the parent of their temporary folders), under a lock; a process keeps the folders it has used here.
 _SAVED = {}
@@ -91,7 +147,13 @@ def _saved_once(tmp_path_factory, chapter):
                 with pytest.MonkeyPatch.context() as mp:
                     mp.setenv("COURSE_WORKSPACE", str(work))
                     mp.delenv("COURSE_PROGRESS_FILE", raising=False)
-                    save_reference(chapter, work)
+                    if staged := staged_run(chapter):
+                        (work / "yours").mkdir(parents=True)
+                        for name in (f"ch{chapter}.py", f"ch{chapter}.json"):
+                            shutil.copy(staged / "yours" / name, work / "yours" / name)
+                        assert answers.index(chapter), f"chapter {chapter}'s staged run saved nothing"
+                    else:
+                        save_reference(chapter, work)
                 others = [p.name for p in (work / "yours").glob("ch*.*") if not p.name.startswith(f"ch{chapter}.")]
                 assert not others, f"chapter {chapter}'s notebook saved other chapters' files too, {others}: " \
                                    "the chapters' saves can no longer be copied together; save them into one workspace"

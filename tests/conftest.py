@@ -3,6 +3,7 @@
 
 import os
 
+import carried
 import pytest
 import worker_groups
 
@@ -18,6 +19,12 @@ device.setup(verbose=False)
 drop_stale_kernels()
 
 
+def pytest_configure(config):
+    # a plugin's hooks see every test's report (a conftest's, only those of tests below its folder): the
+    # staged solution notebooks' runs under nbval, whose saves carried.py copies
+    config.pluginmanager.register(carried.SolutionRuns(), "carried-solution-runs")
+
+
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", help="also run the tests marked slow (the seed sweep)")
 
@@ -25,6 +32,7 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items[:] = worker_groups.longest_first(items)
+    carried.expect_solution_runs(items)
     if not config.getoption("--slow"):
         opt_in = pytest.mark.skip(reason="slow, opt-in: run with --slow (make sweep)")
         for item in items:

@@ -6,6 +6,8 @@ and the groups start in the order of the collection. So:
   exercises/NN_*) form one group, "chNN": the chapter's kernels compile once, in one process, and its
   notebooks' kernels then load them from Numba's cache on disk, instead of compiling them at the same
   time on the other core; every other file is a group of its own, as under plain `--dist loadfile`;
+- a group starts with its solved exercise notebook (staged as exercises/NN_*), whose passing checks
+  save the answers that the chapter's carried-forward tests then copy (tests/carried.py);
 - the groups start longest first, by the seconds tests/durations.json gives them (a cold `make test`,
   measured by benchmarks/suite_time.sh; a group it does not list counts as UNLISTED seconds), so that
   the last group to end is a short one and both cores stay busy to the end.
@@ -33,10 +35,12 @@ def seconds():
 
 
 def longest_first(items):
-    """The collected items, their groups longest first (a group's items keep their order)."""
+    """The collected items, their groups longest first, each group's solution notebook first (the items of a
+    file keep their order)."""
     known = seconds()
-    cost = [known.get(group_of(item.nodeid.split("::")[0]), UNLISTED) for item in items]
-    return [items[k] for k in sorted(range(len(items)), key=lambda k: -cost[k])]
+    files = [item.nodeid.split("::")[0] for item in items]
+    key = [(-known.get(group_of(f), UNLISTED), "/exercises/" not in "/" + f) for f in files]
+    return [items[k] for k in sorted(range(len(items)), key=lambda k: key[k])]
 
 
 class GroupScheduling(LoadScopeScheduling):
