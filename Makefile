@@ -6,6 +6,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Fixed seed for the checks' random cases, so a test run is reproducible.
 TEST_ENV := COURSE_CHECK_SEED=20261122 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+# Two workers; tests/conftest.py hands a chapter's test files and notebooks to one worker as one unit,
+# the longest units first (tests/worker_groups.py).
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile \
           --nbval --nbval-kernel-name python3 --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 # The learner's path: lessons and solved exercises run from a staged copy of work/, each in its own

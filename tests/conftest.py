@@ -72,4 +72,3 @@ def workspace(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def in_ci():
     return bool(os.environ.get("CI"))
-
