@@ -175,6 +175,16 @@ def test_no_committed_output_shows_where_it_was_recorded(path):
                 "course_lib/...); tracebacks are made relative by `course execute`.")
 
 
+def test_course_execute_writes_paths_inside_the_checkout_relative_to_it():
+    cell = nbformat.v4.new_code_cell("1 / 0")
+    cell.outputs = [nbformat.v4.new_output("error", ename="ZeroDivisionError", evalue="division by zero",
+                                           traceback=[f"File \x1b[32m{REPO_DIR}/course_lib/tensor/tensor.py:209\x1b[39m"]),
+                    nbformat.v4.new_output("stream", name="stderr", text=f"{REPO_DIR}/course_lib/fast/plans.py:68: Warning")]
+    nb = nbtools.clean_metadata(nbformat.v4.new_notebook(cells=[cell]))
+    assert nb.cells[0].outputs[0].traceback == ["File \x1b[32mcourse_lib/tensor/tensor.py:209\x1b[39m"]
+    assert nb.cells[0].outputs[1].text == "course_lib/fast/plans.py:68: Warning"
+
+
 def test_the_searches():
     assert noise_in("largest gradient difference: 2.7755575615628914e-17") == "2.7755575615628914e-17"
     assert noise_in("worst relative error 7.5e-12") == "7.5e-12"
