@@ -75,7 +75,8 @@ def execute(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3"):
 
 
 def clean_metadata(nb):
-    """Drop per-run metadata (timings, widget state) so re-running changes only outputs."""
+    """Drop per-run metadata (timings, widget state) so re-running changes only outputs, and the folder
+    of the machine that ran it from the outputs (a traceback shows course_lib/tensor/tensor.py)."""
     nb.metadata.pop("widgets", None)
     nb.metadata["kernelspec"] = dict(KERNEL)
     nb.metadata.setdefault("language_info", {"name": "python"})
@@ -83,7 +84,24 @@ def clean_metadata(nb):
         cell.metadata.pop("execution", None)
         cell.metadata.pop("collapsed", None)
         cell.metadata.pop("scrolled", None)
+        for output in cell.get("outputs", []):
+            _relative_paths(output)
     return nb
+
+
+def _relative_paths(output):
+    """Paths inside the checkout made relative to it, in an output's text and traceback."""
+    from course_lib import REPO_DIR
+
+    def fix(text):
+        return text.replace(f"{REPO_DIR}{os.sep}", "")
+
+    if "text" in output:
+        output["text"] = fix(output["text"])
+    if "traceback" in output:
+        output["traceback"] = [fix(line) for line in output["traceback"]]
+    if "text/plain" in output.get("data", {}):
+        output["data"]["text/plain"] = fix(output["data"]["text/plain"])
 
 
 def from_script(text):
