@@ -30,11 +30,11 @@ def test_the_search_finds_every_package_that_compiles_with_cache_and_what_its_ke
                                          "@njit(cache=True)\ndef kernel(x):\n    return vexp(x)\n")
     files = cache.kernel_files(generated=generated)
     names = {f.relative_to(LIB).as_posix() if LIB in f.parents else f.name for f in files}
-    assert {"fast/matmul.py", "fast/plans.py", "fused/attention_cpu.py", "fused/scan_cpu.py", "fused/tiles.py",
+    assert {"fast/matmul.py", "fast/plans.py", "fused/attention_cpu.py", "fused/scan_cpu.py", "simd/tiles.py",
             "custom_ops/numba_kernels.py", "compiler/index.py", "yours/numba_backend.py", "k_0123.py"} <= names
     guarded = {f.relative_to(LIB).as_posix() if LIB in f.parents else f.name for f in cache.fingerprints(files)}
     # the files whose functions the kernels may compile, each with a fingerprint of what it imports
-    assert {"tensor/scalar_ops.py", "tensor/tensor_data.py", "fused/fastexp.py", "fused/tiles.py",
+    assert {"tensor/scalar_ops.py", "tensor/tensor_data.py", "simd/fastexp.py", "simd/tiles.py",
             "compiler/scalar.py", "k_0123.py"} <= guarded
     inlined = {p.name for p in cache.imported_closure(LIB / "fused" / "attention_cpu.py")}
     assert {"tiles.py", "fastexp.py"} <= inlined
@@ -44,7 +44,7 @@ def test_an_edit_of_an_inlined_file_changes_only_the_fingerprints_of_its_importe
     lib, _ = library_copy(tmp_path)
     files = [lib / "fused" / "attention_cpu.py", lib / "fused" / "scan_cpu.py", lib / "fast" / "plans.py"]
     before = cache.fingerprints(files, root=tmp_path)
-    with open(lib / "fused" / "tiles.py", "a") as f:
+    with open(lib / "simd" / "tiles.py", "a") as f:
         f.write("\n# an edit\n")
     after = cache.fingerprints(files, root=tmp_path)
     changed = {f.relative_to(lib).as_posix() for f in before if before[f] != after[f]}
@@ -84,9 +84,9 @@ def test_importing_the_package_deletes_nothing(tmp_path):
     assert not (saved / "attention_cpu.forward_tile-69.py311.nbi").exists()
 
 
-def test_an_edit_of_an_inlined_helper_in_fused_recompiles_once_the_declared_function_runs(tmp_path):
+def test_an_edit_of_a_helper_the_fused_kernels_inline_recompiles_once_the_declared_function_runs(tmp_path):
     """The failure it prevents, on a copy of the library: fused/attention_cpu.py's cached tiles_transposed
-    inlines fused/tiles.py's transpose. Editing tiles.py alone leaves Numba loading the old machine code;
+    inlines simd/tiles.py's transpose. Editing tiles.py alone leaves Numba loading the old machine code;
     after drop_stale_kernels the next process compiles the new code."""
     lib, env = library_copy(tmp_path)
     run = textwrap.dedent("""
@@ -105,7 +105,7 @@ def test_an_edit_of_an_inlined_helper_in_fused_recompiles_once_the_declared_func
         return done.stdout.strip()
 
     assert total("guarded") == "15.0"
-    tiles = lib / "fused" / "tiles.py"
+    tiles = lib / "simd" / "tiles.py"
     tiles.write_text(tiles.read_text().replace("out[j, i] = a[i, j]", "out[j, i] = 2 * a[i, j]"))
     assert total("unguarded") == "15.0"        # Numba alone: the stale machine code of tiles_transposed still runs
     assert total("guarded") == "30.0"          # dropped: compiled afresh with the edited transpose
