@@ -18,34 +18,59 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
-from course_lib import CHECKOUT, REPO_DIR, build, launch, nbtools
-from course_lib.fast.cache import drop_stale_kernels
-from course_lib.learner import answers, progress, workspace
+STARTED = time.monotonic()  # before the imports below: `course check`'s time counts its start-up too
 
-GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
+from course_lib import CHECKOUT, REPO_DIR, build, launch, nbtools  # noqa: E402
+from course_lib.fast.cache import drop_stale_kernels  # noqa: E402
+from course_lib.learner import answers, progress, workspace  # noqa: E402
+from course_lib.learner.workspace import CourseError  # noqa: E402
+
+GREEN, RED, YELLOW = "32", "31", "33"
+
+
+def paint(text, colour):
+    """`text` in a terminal colour, or as it is when the output is not a terminal (a file, a pipe) or
+    NO_COLOR is set (https://no-color.org)."""
+    if not sys.stdout.isatty() or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return text
+    return f"\033[{colour}m{text}\033[0m"
+
+
+def say(text, indent="", lines=None):
+    """Print `text` wrapped to the terminal's width (see `_wrap`), at once."""
+    print(_wrap(text, indent, lines), flush=True)
 
 
 def cmd_sync(args=None):
-    for what, path in workspace.sync():
-        print(f"{what}: {path.relative_to(REPO_DIR) if path.is_relative_to(REPO_DIR) else path}")
+    report = workspace.sync()
+    for what, path in report:
+        say(f"{what}: {workspace.shown(path)}")
     workspace.mirror_library()
+    if not report:
+        say(f"{workspace.shown(workspace.workspace_dir())}/ is up to date with the course: nothing to copy or update.")
+    elif any(what.startswith("updated") for what, _ in report):
+        say("If JupyterLab has one of these notebooks open, choose Revert when it says the file changed on disk "
+            "(or File > Reload Notebook from Disk): Overwrite would write back the version before the update, "
+            "which the next `course sync` brings in again.")
 
 
 def _wrap(text, indent, lines=8):
     """`text` wrapped to the terminal's width under `indent`, whole words only, at most `lines` lines
-    (a longer message says how to see the rest)."""
+    (a longer message says how to see the rest; lines=None: no limit)."""
     width = max(60, shutil.get_terminal_size((100, 24)).columns) - len(indent)
     out = []
     for para in text.strip().splitlines():
         out += textwrap.wrap(para, width, break_long_words=False, break_on_hyphens=False,
                              subsequent_indent="    " if para.startswith("  ") else "") or [""]
-    if len(out) > lines:
+    if lines is not None and len(out) > lines:
         out = out[:lines] + ["... (the whole message is in the notebook, under the check cell)"]
     return "\n".join(indent + line for line in out)
 
@@ -70,12 +95,12 @@ def cmd_status(args):
     w_ch = max([len("chapter")] + [len(r[0]) for r in rows])
     w_ex = max([len("exercise")] + [len(r[1]) for r in rows])
     rule = "-" * (w_ch + w_ex + 24)
-    colour = {"passed": GREEN, "failed": RED, "not started": ""}
+    colour = {"passed": GREEN, "failed": RED}
     print(f"{'chapter':{w_ch}s}  {'exercise':{w_ex}s}  {'code used':9s}  status")
     for chapter, name, whose, state, note in rows:
         if chapter:
             print(rule)
-        print(f"{chapter:{w_ch}s}  {name:{w_ex}s}  {whose:9s}  {colour[state]}{state}{RESET if colour[state] else ''}")
+        print(f"{chapter:{w_ch}s}  {name:{w_ex}s}  {whose:9s}  {paint(state, colour[state]) if state in colour else state}")
         if note:
             print(_wrap(note, " " * (w_ch + 2), lines=3))
     print(rule)
@@ -94,53 +119,63 @@ def check_notebook(path, timeout=600, report=None):
     report(name, passed, message, seconds) is called as each check finishes. Once a check has failed,
     the closing cells that run the chapter's pieces together (tagged "payoff") are skipped: they would
     only fail again, slowly."""
-    nb, results, started = nbtools.read(path), [], time.monotonic()
+    from jupyter_client.kernelspec import NoSuchKernel
+
+    nb, results, started = workspace.read_notebook(path), [], time.monotonic()
 
     def skip(cell):
         return any(not ok for _, ok, _, _ in results) and "payoff" in cell.metadata.get("tags", [])
 
-    for _, cell in nbtools.run_cells(nb, cwd=path.parent, timeout=timeout, allow_errors=True, skip=skip):
-        if not build.is_check(cell):
-            continue
-        msg, seconds = _error_line(cell), time.monotonic() - started
-        for name in build.CHECK_CALL.findall(cell.source):
-            results.append((name, not msg, msg, seconds))
-            if report:
-                report(name, not msg, msg, seconds)
-        started = time.monotonic()
+    try:
+        for _, cell in nbtools.run_cells(nb, cwd=path.parent, timeout=timeout, allow_errors=True, skip=skip):
+            if not build.is_check(cell):
+                continue
+            msg, seconds = _error_line(cell), time.monotonic() - started
+            for name in build.CHECK_CALL.findall(cell.source):
+                results.append((name, not msg, msg, seconds))
+                if report:
+                    report(name, not msg, msg, seconds)
+            started = time.monotonic()
+    except NoSuchKernel:
+        raise CourseError(f"the course's Jupyter kernel ({nbtools.KERNEL['name']}) is not installed here: "
+                          "run `course setup`, then this command again") from None
     return results
 
 
 def cmd_check(args):
     path = workspace.workspace_dir() / "exercises" / workspace.find(args.chapter).name
+    chapter = path.name[:2]
     if not path.exists():
         cmd_sync()
-    chapter = path.name[:2]
-    total = len(build.check_names(nbtools.read(path)))
-    print(f"running {path} ({total} checks; each line appears as its check finishes)", flush=True)
-    start, done = time.monotonic(), []
+        say(f"{workspace.shown(path)} was not there, so `course sync` made a fresh copy: fill in its "
+            f"exercises in JupyterLab (`course lab`), then run `course check {chapter}` again.")
+        return 1
+    total = len(build.check_names(workspace.read_notebook(path)))
+    say(f"running {workspace.shown(path)} ({total} checks; each line appears as its check finishes)")
+    done = []
 
     def report(name, ok, msg, seconds):
         done.append(ok)
-        mark = f"{GREEN}passed{RESET}" if ok else f"{RED}failed{RESET}"
-        print(f"  [{len(done)}/{total}] {mark}  {name}  ({seconds:.1f} s)", flush=True)
+        print(f"  [{len(done)}/{total}] {paint('passed', GREEN) if ok else paint('failed', RED)}  {name}  "
+              f"({seconds:.1f} s)", flush=True)
         if ok and name in answers.index(chapter):
-            print(f"          kept in work/yours/ch{chapter}.py{answers.used_by(chapter)}", flush=True)
+            say(f"kept in work/yours/ch{chapter}.py{answers.used_by(chapter)}", "          ")
         if msg:
-            print(_wrap(msg, "          "), flush=True)
+            say(msg, "          ", lines=8)
 
     results = check_notebook(path, report=report)
     n = sum(ok for _, ok, _, _ in results)
-    skipped = " (the chapter's closing cells were skipped: they run once every check passes)" if n < len(results) else ""
-    print(f"{n} of {len(results)} checks passed in {time.monotonic() - start:.0f} s.{skipped}")
+    skipped = " The chapter's closing cells were skipped: they run once every check passes." if n < len(results) else ""
+    say(f"{n} of {len(results)} checks passed in {time.monotonic() - args.started:.0f} s, "
+        f"from the command's start.{skipped}")
     return 0 if n == len(results) else 1
 
 
 def cmd_reset(args):
     kind = "notebooks" if args.lesson else "exercises"
     saved = workspace.reset(args.chapter, kind)
-    print(f"fresh copy: work/{kind}/{workspace.find(args.chapter, kind).name}")
-    print(f"your previous copy is saved as {saved}" if saved else "(there was no previous copy)")
+    say(f"fresh copy: {workspace.shown(workspace.workspace_dir() / kind / workspace.find(args.chapter, kind).name)}")
+    say(f"your previous copy is saved as {workspace.shown(saved)}" if saved else "(there was no previous copy)")
 
 
 def cmd_build(args):
@@ -155,12 +190,14 @@ def cmd_build(args):
 
 
 def cmd_execute(args):
-    for p in args.paths:
-        p = Path(p)
+    for p in map(Path, args.paths):
+        if not p.is_file():
+            raise CourseError(f"there is no notebook at {p}: give the path of a notebook, as in "
+                              "`course execute solutions/00_warmup.ipynb`")
         if p.resolve().parent == (REPO_DIR / "solutions").resolve():
             nb = execute_as_learner(p, timeout=args.timeout)
         else:
-            nb = nbtools.execute(nbtools.read(p), cwd=p.parent.resolve(), timeout=args.timeout)
+            nb = nbtools.execute(workspace.read_notebook(p), cwd=p.parent.resolve(), timeout=args.timeout)
         nbtools.write(nbtools.clean_metadata(nb), p)
         print(f"executed {p}")
 
@@ -176,7 +213,7 @@ def execute_as_learner(path, timeout=600):
         folder.mkdir()
         os.environ["COURSE_WORKSPACE"] = tmp
         try:
-            return nbtools.execute(nbtools.read(path), cwd=folder, timeout=timeout)
+            return nbtools.execute(workspace.read_notebook(path), cwd=folder, timeout=timeout)
         finally:
             if previous is None:
                 os.environ.pop("COURSE_WORKSPACE", None)
@@ -185,7 +222,11 @@ def execute_as_learner(path, timeout=600):
 
 
 def cmd_new(args):
-    nbtools.write(nbtools.from_script(Path(args.script).read_text()), args.out)
+    script = Path(args.script)
+    if not script.is_file():
+        raise CourseError(f"there is no script at {script}: `course new` reads a percent-format script "
+                          "(see CONTRIBUTING.md) and writes the notebook OUT")
+    nbtools.write(nbtools.from_script(script.read_text(encoding="utf-8")), args.out)
 
 
 def install_kernel():
@@ -214,9 +255,9 @@ def ensure_dot():
         subprocess.run(["apt-get", "install", "-y", "-qq", "graphviz"], check=False, env=env)
         if shutil.which("dot"):
             return True
-    print(f"{YELLOW}Graphviz's `dot` is missing, so graph pictures will not render. Install it with:\n"
-          "  Debian/Ubuntu: sudo apt-get install graphviz\n  macOS:         brew install graphviz\n"
-          f"  conda:         conda install -c conda-forge graphviz{RESET}")
+    print(paint("Graphviz's `dot` is missing, so graph pictures will not render. Install it with:\n"
+                "  Debian/Ubuntu: sudo apt-get install graphviz\n  macOS:         brew install graphviz\n"
+                "  conda:         conda install -c conda-forge graphviz", YELLOW))
     return False
 
 
@@ -237,7 +278,7 @@ def install_lab_settings():
 
 
 def cmd_stage(args):
-    print(f"staged {workspace.stage(args.folder)}")
+    say(f"staged {workspace.stage(args.folder)}")
 
 
 def cmd_setup(args):
@@ -248,35 +289,108 @@ def cmd_setup(args):
 
 
 # Where `course lab` opens: the welcome lesson, with the file browser at the workspace's top.
-START_URL = "/lab/tree/notebooks/00_welcome.ipynb?file-browser-path=/"
+START_PATH = "lab/tree/notebooks/00_welcome.ipynb"
+START_QUERY = {"file-browser-path": "/"}
+START_URL = "/" + START_PATH + "?" + urlencode(START_QUERY, safe="/")
+SHELL_FILES = Path(__file__).resolve().parent / "shell"
 
 
-def lab_argv(root):
-    """The `jupyter lab` command line `course lab` runs: JupyterLab on 127.0.0.1 over the workspace,
-    the welcome lesson open and the file browser at the workspace's top (notebooks/, exercises/,
-    course_lib/ and yours/ in sight). On Linux and macOS the server's kernels talk over local (IPC)
-    sockets in a private folder, so none listens on a TCP port and none prints the plain-TCP warning."""
-    import tempfile
+def terminal_command(shell=None):
+    """The command JupyterLab's terminal runs: the learner's shell ($SHELL), reading their own startup
+    files as a login shell does, and then putting this environment's commands (`course`, `python`,
+    `pip`) first on PATH (from COURSE_BIN) in the folder JupyterLab asked for. A plain login shell
+    would not do: Debian's /etc/profile and macOS's /etc/zprofile rewrite PATH after JupyterLab set it.
+    The files that do it are in course_lib/shell/; a shell they do not know starts as it is, on the
+    PATH `course lab` set."""
+    shell = shell or os.environ.get("SHELL") or shutil.which("sh") or "/bin/sh"
+    name, env = os.path.basename(shell), shutil.which("env") or "/usr/bin/env"
+    if name == "bash":
+        return [shell, "--rcfile", str(SHELL_FILES / "bashrc"), "-i"]
+    if name == "zsh":
+        user = [f"COURSE_USER_ZDOTDIR={os.environ['ZDOTDIR']}"] if os.environ.get("ZDOTDIR") else []
+        return [env, f"ZDOTDIR={SHELL_FILES / 'zsh'}", *user, shell, "-l"]
+    if name in ("sh", "dash", "ksh", "mksh"):
+        return [env, f"ENV={SHELL_FILES / 'profile'}", shell, "-i"]
+    return [shell]
+
+
+def kernel_settings():
+    """How the server talks to its kernels: Jupyter's default transport, TCP on 127.0.0.1, where each
+    kernel gets its own five ports (the server's port cache hands out each port once) and signs every
+    message with its own key. Kernels over local (IPC) sockets shared one path prefix and collided
+    when JupyterLab reopened several notebooks at once ("Invalid Signature", cells stuck at [*]).
+    Where ZeroMQ has CurveZMQ, the kernels' traffic is also encrypted (`transport_encryption`), which
+    also keeps the kernel from warning, at each start, that plain TCP can be read by other programs."""
+    import zmq
+
+    return ["--MappingKernelManager.transport_encryption=auto"] if zmq.has("curve") else []
+
+
+def lab_command(root, extra=()):
+    """(argv, env) of the JupyterLab server that `course lab` starts, in the folder `root`:
+    - on 127.0.0.1, with a token it chooses (passed in the environment, so that neither the command
+      line nor the server's log shows it) and over the workspace, opening the welcome lesson with the
+      file browser at the workspace's top;
+    - kernels as `kernel_settings` says, trusting the notebooks `course sync` signed
+      (`workspace.trust`), and JupyterLab's terminal as `terminal_command` says;
+    - no websocket pings: they keep connections alive through proxies, and 127.0.0.1 has none
+      (jupyter_server's ping settings also make Tornado 6.5 warn at every start);
+    - the server's own log at WARNING: its banner shows the token-less URL; `course lab` prints one
+      that logs in (`lab_url`)."""
+    import secrets
 
     argv = [sys.executable, "-m", "jupyter", "lab", "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={root}",
-            f"--LabApp.default_url={START_URL}"]
-    if os.name == "posix":
-        sockets = tempfile.mkdtemp(prefix="course-kernels-")
-        argv += ["--KernelManager.transport=ipc", f"--KernelManager.ip={os.path.join(sockets, 'k')}"]
+            f"--LabApp.default_url={START_URL}", f"--NotebookNotary.data_dir={workspace.trust_dir()}",
+            "--ServerApp.terminado_settings=" + json.dumps({"shell_command": terminal_command()}),
+            "--ServerApp.tornado_settings=" + json.dumps({"ws_ping_interval": 0}),
+            "--ServerApp.log_level=WARN", "--LabApp.log_level=WARN", *kernel_settings()]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--allow-root")
-    return argv
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""), "COURSE_BIN": bindir,
+           "JUPYTER_TOKEN": secrets.token_hex(24)}
+    return argv + list(extra), env
+
+
+def server_info(pid, timeout=120, alive=lambda: True):
+    """The running server's own record (jpserver-PID.json in Jupyter's runtime folder: its port, base
+    URL and token), once it has written it; None if the server stopped first or `timeout` passed."""
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    path = Path(jupyter_runtime_dir()) / f"jpserver-{pid}.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and alive():
+        try:
+            return json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            time.sleep(0.2)
+    return None
+
+
+def lab_url(info):
+    """The URL that logs in and opens the welcome lesson: the token joins the start page's own query
+    (the server's banner appends "?token=" to a URL that already has one)."""
+    query = urlencode({**START_QUERY, "token": info["token"]} if info.get("token") else START_QUERY, safe="/")
+    return f"{info['url'].rstrip('/')}/{START_PATH}?{query}"
 
 
 def cmd_lab(args):
     cmd_sync()
     install_lab_settings()
     ensure_dot()
-    # JupyterLab's terminals inherit the server's PATH: put this environment's commands (`course`,
-    # `python`, `pip`) first on it, as an activated virtual environment would.
-    bindir = os.path.dirname(sys.executable)
-    os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-    os.execv(sys.executable, lab_argv(workspace.workspace_dir()) + args.jupyter_args)
+    root = workspace.workspace_dir()
+    argv, env = lab_command(root, args.jupyter_args)
+    # The server runs in the workspace, so that a terminal JupyterLab opens "here" starts in work/.
+    server = subprocess.Popen(argv, env=env, cwd=root)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Control-C reaches the server, which asks to confirm
+    signal.signal(signal.SIGTERM, lambda *_: server.terminate())
+    info = server_info(server.pid, alive=lambda: server.poll() is None)
+    if info:
+        print(f"JupyterLab is running on {root}; your browser should open chapter 00. If it does not, or "
+              "to open it from another browser, paste this URL (it logs you in):", flush=True)
+        print(f"    {lab_url(info)}", flush=True)
+        print("Control-C stops JupyterLab (twice: without asking).", flush=True)
+    return server.wait()
 
 
 # Every command but `new` reads the course's notebooks or writes beside them, so it needs the course's
@@ -330,11 +444,17 @@ def main(argv=None):
     if extra and args.cmd != "lab":
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     args.jupyter_args = extra
+    # the command line's own start; a call from Python (the tests) counts from here
+    args.started = STARTED if argv is None else time.monotonic()
     if args.cmd in NEEDS_CHECKOUT and not CHECKOUT:
         print(needs_checkout(args.cmd), file=sys.stderr)
         return 2
     drop_stale_kernels()  # before any kernel runs here or in a notebook this command starts (fast/cache.py)
-    return args.fn(args) or 0
+    try:
+        return args.fn(args) or 0
+    except CourseError as e:  # a problem the learner can fix: one line that says how, nothing lost
+        print(_wrap(f"course {args.cmd}: {e}", ""), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

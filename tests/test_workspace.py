@@ -258,3 +258,62 @@ def test_lab_settings_silence_the_news_prompt(monkeypatch, tmp_path):
     cli.install_lab_settings()
     settings = json.loads((tmp_path / "share/jupyter/lab/settings/overrides.json").read_text())
     assert settings["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
+
+
+def _lab_overwrites(path, old_bytes):
+    """What JupyterLab's "Overwrite" writes: the tab's text from before the update (outputs and all)."""
+    path.write_bytes(old_bytes)
+
+
+def test_an_update_a_save_wrote_over_comes_back(repo, workspace):
+    """A lesson open in JupyterLab during a sync: the learner's save writes the older text back. The
+    next sync sees that the cells the update changed are back at their old text, and merges the
+    update in again; then nothing more to do, and a copy that still has the update is left alone."""
+    ws.sync(repo)
+    lesson = workspace / "notebooks/00_welcome.ipynb"
+    opened = lesson.read_bytes()
+    _course_changes(repo, "notebooks/00_welcome.ipynb", "Welcome", "Welcome (updated)")
+    assert [what for what, _ in ws.sync(repo)] == ["updated"]
+    _lab_overwrites(lesson, opened)
+    report = [what for what, _ in ws.sync(repo)]
+    assert len(report) == 1 and report[0].startswith("updated again (your copy had lost the course's last update"), report
+    assert "Welcome (updated)" in lesson.read_text()
+    assert ws.sync(repo) == []
+
+    def run_it(nb):  # the learner runs the updated lesson: still the update's text, nothing to restore
+        for c in nb.cells:
+            if c.cell_type == "code":
+                c.outputs = [nbformat.v4.new_output("stream", text="ran\n")]
+    _edit(lesson, run_it)
+    assert ws.sync(repo) == []
+
+
+def test_an_update_a_save_wrote_over_comes_back_with_the_learners_edits(repo, workspace):
+    """The stale tab held the learner's answer too: the update comes back, the answer stays, and the
+    copy as the save left it is backed up first."""
+    ws.sync(repo)
+    mine = workspace / "exercises/00_warmup.ipynb"
+    _course_changes(repo, "exercises/00_warmup.ipynb", "Exercise", "Exercise (updated)")
+    stale = mine.read_text().replace("YOUR CODE HERE", "my answer", 1)
+    ws.sync(repo)
+    mine.write_text(stale)  # the tab opened before the sync, with the answer typed in it, saved over the update
+    report = [what for what, _ in ws.sync(repo)]
+    assert report[0].startswith("updated again") and "edited or added cell(s) kept" in report[0], report
+    assert "my answer" in mine.read_text() and "Exercise (updated)" in mine.read_text()
+    assert any("my answer" in p.read_text() for p in (workspace / "backups").glob("00_warmup.*.ipynb"))
+
+
+def test_synced_copies_are_trusted_by_jupyterlab(repo, workspace):
+    """Every notebook sync or reset writes is signed with the notary `course lab` points JupyterLab at,
+    so its saved outputs (SVG graphs) show on opening and the server logs no "not trusted"."""
+    from nbformat.sign import NotebookNotary
+
+    ws.sync(repo)
+    ws.reset("00", repo=repo)
+    notary = NotebookNotary(data_dir=str(ws.trust_dir()))
+    for path in (workspace / "notebooks/00_welcome.ipynb", workspace / "exercises/00_warmup.ipynb"):
+        assert notary.check_signature(nbformat.read(str(path), as_version=4)), path
+    edited = nbformat.read(str(workspace / "exercises/00_warmup.ipynb"), as_version=4)
+    edited.cells[0].source += "\nsomething else"
+    assert not notary.check_signature(edited), "a signature must cover the notebook's content"
+    notary.store.close()

@@ -7,6 +7,7 @@
     work/yours/chNN.py              the learner's passing code (see course_lib.learner.answers)
     work/.sync.json                 which course version each copy came from
     work/.progress.json             the last result of every check
+    work/.jupyter/                  the signatures that make JupyterLab trust the copies (see `trust`)
 
 `git pull` only touches the course's own folders, so it never conflicts with work/.
 `sync` copies new notebooks in and brings the course's updates into the learner's copies:
@@ -29,6 +30,57 @@ from course_lib import REPO_DIR
 from course_lib.learner.progress import workspace_dir
 
 KINDS = ("notebooks", "exercises")
+
+
+class CourseError(Exception):
+    """A problem the learner can fix: its message says what is wrong and what to do, in one line."""
+
+
+def shown(path):
+    """A path as the learner knows it: from the course's folder when it is inside it (work/...)."""
+    path = Path(path).resolve()
+    return path.relative_to(REPO_DIR).as_posix() if path.is_relative_to(REPO_DIR) else str(path)
+
+
+def read_notebook(path):
+    """The learner's notebook at `path`; a CourseError that says where a good copy is when the file is
+    not a notebook (a save cut short, an edit by hand)."""
+    try:
+        return nbformat.read(str(path), as_version=4)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # nbformat's NotJSONError, a ValidationError, a UnicodeDecodeError, ...
+        path = Path(path)
+        checkpoint = path.parent / ".ipynb_checkpoints" / f"{path.stem}-checkpoint{path.suffix}"
+        kind = "--lesson " if path.parent.name == "notebooks" else ""
+        last = (f"JupyterLab's last checkpoint of it is {checkpoint.name} in {path.parent.name}/.ipynb_checkpoints/, "
+                if checkpoint.exists() else "")
+        raise CourseError(f"{shown(path)} is not a notebook that can be read ({type(e).__name__}: a save cut short?); "
+                          f"{last}and `course reset {kind}{path.name[:2]}` keeps the broken file in "
+                          f"work/backups/ and gives you a fresh copy") from None
+
+
+def trust_dir():
+    """Where JupyterLab's notary keeps the signatures of the notebooks the course trusts (`course lab`
+    points the server at it): work/.jupyter/."""
+    return workspace_dir() / ".jupyter"
+
+
+def trust(paths):
+    """Sign the notebooks the course wrote into work/, so that JupyterLab trusts them: their saved
+    outputs (the lessons' graphs, as SVG) show when they open, and the server logs no "is not trusted".
+    A notebook JupyterLab saves stays trusted: the server signs it again."""
+    from nbformat.sign import NotebookNotary
+
+    if not paths:
+        return
+    trust_dir().mkdir(parents=True, exist_ok=True)
+    notary = NotebookNotary(data_dir=str(trust_dir()))
+    try:
+        for path in paths:
+            notary.sign(nbformat.read(str(path), as_version=4))
+    finally:
+        notary.store.close()
 
 
 def _sha(path):
@@ -58,7 +110,7 @@ def _save_state(state):
 def _record(path):
     """What sync remembers of a course notebook it copied: its bytes' hash and each cell's source hash.
     The cells are what decide whether the learner edited a copy; outputs and metadata never do."""
-    nb = nbformat.read(str(path), as_version=4)
+    nb = read_notebook(path)
     return {"sha": _sha(path), "cells": [[c.get("id"), _text_sha(c.source)] for c in nb.cells]}
 
 
@@ -131,40 +183,61 @@ def sync(repo=REPO_DIR):
     the learner edited is merged cell by cell: the course's changes come in, the learner's edited and
     added cells stay, and the previous copy goes to work/backups/ first. Only when the course changed
     a cell that the learner changed too is the copy left alone, with a line that says which cell.
+
+    An update can also be undone behind sync's back: JupyterLab, holding the notebook open from before
+    the update, offers to overwrite the file on the next save. So sync remembers the version each
+    update replaced, and a copy whose changed cells are back at that version gets the update again
+    (`_restore`). A copy that cannot be read is left as it is, with a line that says how to get a
+    fresh one.
     """
-    state, report = _load_state(), []
+    state, report, written = _load_state(), [], []
     for kind in KINDS:
         for src in sorted((repo / kind).glob("[0-9][0-9]_*.ipynb")):
             dst = workspace_dir() / kind / src.name
-            key = f"{kind}/{src.name}"
-            new = _record(src)
-            base = state.get(key)
-            if isinstance(base, str):  # written by an older course: only the bytes' hash was kept
-                base = {"sha": base, "cells": _record(dst)["cells"]} if dst.exists() and _sha(dst) == base \
-                    else _base_from_git(repo, src, base)
-            if not dst.exists():
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, dst)
-                report.append(("added", dst))
-            elif base is not None and base["sha"] == new["sha"]:
-                if state.get(key) != base:
-                    state[key] = base
+            try:
+                line = _sync_one(state, repo, src, dst, kind)
+            except CourseError as e:
+                report.append((f"left as it is: {e}", dst))
                 continue
-            elif _sha(dst) == new["sha"]:
-                pass
-            else:
-                line = _update(base, src, dst, kind)
+            if line:
                 report.append((line, dst))
-                if line.startswith("kept"):
-                    continue
-            state[key] = new
+                if not line.startswith("kept"):
+                    written.append(dst)
     _save_state(state)
+    trust(written)
     return report
+
+
+def _sync_one(state, repo, src, dst, kind):
+    """Bring one copy up to date, recording the course version it now follows in `state`; return the
+    line for the learner, or None when there was nothing to do."""
+    key = f"{kind}/{src.name}"
+    new = _record(src)
+    base = state.get(key)
+    if isinstance(base, str):  # written by an older course: only the bytes' hash was kept
+        base = {"sha": base, "cells": _record(dst)["cells"]} if dst.exists() and _sha(dst) == base \
+            else _base_from_git(repo, src, base)
+    if not dst.exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        state[key] = new
+        return "added"
+    if base is not None and base["sha"] == new["sha"]:  # the course did not change since the last sync
+        state[key] = base
+        return _restore(base, src, dst, kind)
+    if _sha(dst) == new["sha"]:
+        line = None
+    else:
+        line = _update(base, src, dst, kind)
+        if line.startswith("kept"):
+            return line
+    state[key] = {**new, "previous": {"sha": base["sha"], "cells": base["cells"]}} if base else new
+    return line
 
 
 def _update(base, src, dst, kind):
     """Bring one copy to the course's new version `src`; return the line that says what happened."""
-    mine, theirs = nbformat.read(str(dst), as_version=4), nbformat.read(str(src), as_version=4)
+    mine, theirs = read_notebook(dst), nbformat.read(str(src), as_version=4)
     reset = f"`course reset {src.name[:2]}{' --lesson' if kind == 'notebooks' else ''}`"
     if base is None:
         return (f"kept your copy: a newer version is in {kind}/, and this copy's origin is unknown "
@@ -181,6 +254,28 @@ def _update(base, src, dst, kind):
                 f"(your previous copy is in {saved.relative_to(workspace_dir()).as_posix()})")
     nbformat.write(merged, str(dst))
     return "updated"
+
+
+def _restore(base, src, dst, kind):
+    """The course's last update again, if the copy lost it: some cell that update changed holds its
+    old text again, or every cell it added is gone. That is what a save from a JupyterLab tab opened
+    before the update writes. The update is merged in again as `_update` does, from the version it
+    replaced, after backing the copy up; the line says so. None when the copy still has the update."""
+    before = base.get("previous")
+    if before is None or _sha(dst) == base["sha"]:
+        return None
+    old, new = dict(before["cells"]), dict(base["cells"])
+    mine = {c.get("id"): _text_sha(c.source) for c in read_notebook(dst).cells}
+    changed = [i for i in old if i in new and old[i] != new[i]]
+    added = [i for i in new if i not in old]
+    reverted = any(mine.get(i) == old[i] for i in changed) or (added and not any(i in mine for i in added))
+    if not reverted:
+        return None
+    line = _update(before, src, dst, kind)
+    why = "your copy had lost the course's last update, as a save from a JupyterLab tab opened before it does"
+    if line.startswith("kept"):
+        return f"{line}; {why}"
+    return f"updated again ({why}){line.removeprefix('updated')}"
 
 
 # The course's folders that lessons ask the learner to read, copied read-only into work/ so that
@@ -227,10 +322,18 @@ def mirror_library(repo=REPO_DIR):
             dst.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
 
 
+STAGED = ".staged"  # the mark of a folder `stage` made, which it may empty and fill again
+
+
 def stage(folder, repo=REPO_DIR):
-    """A learner's workspace in `folder` whose exercise notebooks are the solved ones (for tests)."""
+    """A learner's workspace in `folder` whose exercise notebooks are the solved ones (for tests). A
+    folder that is there already is emptied first, but only one that `stage` made: never the learner's
+    workspace, nor a folder with other things in it."""
     folder = Path(folder).resolve()
-    if folder.exists():
+    if folder.exists() and any(folder.iterdir()):
+        if folder == workspace_dir() or (folder / ".sync.json").exists() or not _staged(folder, repo):
+            raise CourseError(f"{folder} is there already and `course stage` did not make it: it would be "
+                              "emptied, so name a new folder (or one an earlier `course stage` made)")
         for p in folder.rglob("*"):
             if p.is_file():
                 p.chmod(stat.S_IWUSR | stat.S_IRUSR)
@@ -239,14 +342,31 @@ def stage(folder, repo=REPO_DIR):
         (folder / kind).mkdir(parents=True)
         for src in sorted((repo / source).glob("[0-9][0-9]_*.ipynb")):
             shutil.copyfile(src, folder / kind / src.name)
+    (folder / STAGED).write_text("Made by `course stage`: the next `course stage` here empties it first.\n")
     return folder
 
 
+def _staged(folder, repo):
+    """Whether `folder` is one that `stage` made: its mark, or (made before the mark) notebooks/ and
+    exercises/ holding only the course's notebooks."""
+    if (folder / STAGED).exists():
+        return True
+    course = {p.name for source in ("notebooks", "solutions") for p in (repo / source).glob("*.ipynb")}
+    kinds = [folder / "notebooks", folder / "exercises"]
+    return all(k.is_dir() for k in kinds) and all(p.name in course for k in kinds for p in k.glob("*.ipynb"))
+
+
 def find(chapter, kind="exercises", repo=REPO_DIR):
-    """The course notebook of chapter "NN" in exercises/ or notebooks/."""
+    """The course notebook of chapter "NN" (a number, as text) in exercises/ or notebooks/."""
+    chapters = sorted({p.name[:2] for p in (repo / kind).glob("[0-9][0-9]_*.ipynb")})
+    span = f"{chapters[0]} to {chapters[-1]}" if chapters else "none yet"
+    if not str(chapter).strip().isdigit():
+        raise CourseError(f"'{chapter}' is not a chapter number: give its two digits, as in "
+                          f"`course check 01` (the chapters with {kind} are {span}; `course status` lists them)")
     matches = sorted((repo / kind).glob(f"{int(chapter):02d}_*.ipynb"))
     if not matches:
-        raise SystemExit(f"no chapter {chapter} in {kind}/")
+        raise CourseError(f"there is no chapter {int(chapter):02d} in the course's {kind}/: "
+                          f"the chapters are {span} (`course status` lists them)")
     return matches[0]
 
 
@@ -274,4 +394,5 @@ def reset(chapter, kind="exercises", repo=REPO_DIR):
     state = _load_state()
     state[f"{kind}/{src.name}"] = _record(src)
     _save_state(state)
+    trust([dst])
     return saved
