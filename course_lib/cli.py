@@ -180,6 +180,8 @@ def cmd_reset(args):
 
 def cmd_build(args):
     problems = {s.name: build.lint(nbtools.read(s)) for s, _ in build.pairs()}
+    problems |= {f"notebooks/{p.name}": build.lint_lesson(nbtools.read(p), p.name)
+                 for p in sorted((REPO_DIR / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
     for name, found in problems.items():
         for p in found:
             print(f"{name}: {p}")

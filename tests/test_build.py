@@ -65,3 +65,15 @@ def test_lint_finds_missing_size_and_missing_check():
 
 def test_check_names():
     assert build.check_names(nbtools.from_script(SCRIPT)) == ["square"]
+
+
+def test_every_lesson_is_titled_like_the_others():
+    """The book's sidebar lists the lessons by their titles: "NN · Topic" for every chapter."""
+    from course_lib import REPO_DIR
+
+    for path in sorted((REPO_DIR / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        assert build.lint_lesson(nbtools.read(path), path.name) == [], path.name
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Chapter 07: GPU programming")])
+    assert "the title must read \"# 07 · Topic\"" in build.lint_lesson(nb, "07_cuda.ipynb")[0]
+    nb.cells[0].source = "# 08 · GPU programming"
+    assert build.lint_lesson(nb, "07_cuda.ipynb"), "the number must be the chapter's"

@@ -208,7 +208,7 @@ def test_status_lists_unstarted_exercises(workspace, capsys):
 
 
 def test_course_check_prints_no_kernel_warning(workspace, capfd):
-    """The headless kernel talks over local sockets: no plain-TCP warning reaches the learner."""
+    """The headless kernel talks TCP, encrypted where ZeroMQ can: no plain-TCP warning reaches the learner."""
     (workspace / "exercises").mkdir(parents=True)
     shutil.copy(REPO_DIR / "exercises/00_warmup.ipynb", workspace / "exercises/00_warmup.ipynb")
     assert cli.main(["check", "00"]) == 1
