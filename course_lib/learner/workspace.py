@@ -212,7 +212,6 @@ def _sync_one(state, repo, src, dst, kind):
     """Bring one copy up to date, recording the course version it now follows in `state`; return the
     line for the learner, or None when there was nothing to do."""
     key = f"{kind}/{src.name}"
-    new = _record(src)
     base = state.get(key)
     if isinstance(base, str):  # written by an older course: only the bytes' hash was kept
         base = {"sha": base, "cells": _record(dst)["cells"]} if dst.exists() and _sha(dst) == base \
@@ -220,11 +219,12 @@ def _sync_one(state, repo, src, dst, kind):
     if not dst.exists():
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dst)
-        state[key] = new
+        state[key] = _record(src)
         return "added"
-    if base is not None and base["sha"] == new["sha"]:  # the course did not change since the last sync
+    if base is not None and base["sha"] == _sha(src):  # the course did not change since the last sync
         state[key] = base
         return _restore(base, src, dst, kind)
+    new = _record(src)
     if _sha(dst) == new["sha"]:
         line = None
     else:
