@@ -30,7 +30,7 @@ import nbformat
 import pytest
 
 from course_lib import REPO_DIR
-from course_lib.learner import workspace as ws
+from course_lib.course.workspace import reset, sync
 
 pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -72,7 +72,7 @@ class Lab:
     def start(self):
         self.runs += 1
         self.out, self.err = self.root / f"out-{self.runs}.log", self.root / f"err-{self.runs}.log"
-        argv = [sys.executable, "-m", "course_lib.cli", "lab", "--no-browser", f"--ServerApp.port={self.port}",
+        argv = [sys.executable, "-m", "course_lib.course.commands", "lab", "--no-browser", f"--ServerApp.port={self.port}",
                 "--ServerApp.port_retries=0"]
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.process = subprocess.Popen(argv, env=self.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
@@ -311,7 +311,7 @@ def test_sync_while_a_lesson_is_open_then_the_learners_save_keeps_the_update(lab
     _open_lab(page, lab)
 
     src.write_text(src.read_text().replace("Welcome", "Welcome (updated)", 1))
-    assert [what for what, _ in ws.sync(course)] == ["updated"]
+    assert [what for what, _ in sync.sync(course)] == ["updated"]
     assert "Welcome (updated)" in mine.read_text()
     before = mine.stat().st_mtime_ns
 
@@ -326,10 +326,10 @@ def test_sync_while_a_lesson_is_open_then_the_learners_save_keeps_the_update(lab
         time.sleep(0.3)
     assert "Welcome (updated)" not in mine.read_text(), "the save did not write the tab's older text back"
 
-    report = [what for what, _ in ws.sync(course)]
+    report = [what for what, _ in sync.sync(course)]
     assert len(report) == 1 and report[0].startswith("updated again"), report
     assert "Welcome (updated)" in mine.read_text()
-    assert ws.sync(course) == [], "once back, the update stays: nothing more to do"
+    assert sync.sync(course) == [], "once back, the update stays: nothing more to do"
 
 
 # ---------------------------------------------------------------------------------------------- the first minutes
@@ -344,7 +344,7 @@ def test_welcome_lesson_runs_in_jupyterlab(lab, page, tmp_path, monkeypatch):
     (course / "notebooks").mkdir(parents=True)
     src = course / "notebooks/00_welcome.ipynb"
     shutil.copyfile(REPO_DIR / "notebooks/00_welcome.ipynb", src)
-    ws.reset("00", "notebooks", repo=course)  # the lesson as the course has it (a test above changed it)
+    reset.reset("00", "notebooks", repo=course)  # the lesson as the course has it (a test above changed it)
     listing = lab.api("contents/course_lib")
     assert "autograd" in {item["name"] for item in listing["content"]}, "the library's source is not in the file browser"
 
@@ -372,9 +372,9 @@ def test_welcome_lesson_runs_in_jupyterlab(lab, page, tmp_path, monkeypatch):
         time.sleep(0.3)
     page.wait_for_timeout(1000)
     ran = nbformat.read(str(lesson), as_version=4)
-    assert ws.sync(course) == [], "running a lesson is not editing it"
+    assert sync.sync(course) == [], "running a lesson is not editing it"
     src.write_text(src.read_text().replace("Deep learning systems", "Deep learning systems (updated)", 1))
-    report = [what for what, _ in ws.sync(course)]
+    report = [what for what, _ in sync.sync(course)]
     assert report == ["updated"], f"course sync after opening and running the lesson: {report}"
     synced = nbformat.read(str(lesson), as_version=4)
     assert "(updated)" in "".join(c.source for c in synced.cells)

@@ -9,14 +9,15 @@ import time
 import nbformat
 import pytest
 
-from course_lib import REPO_DIR, cli
-from course_lib.learner import workspace as ws
+from course_lib import REPO_DIR
+from course_lib.course import commands
+from course_lib.course.workspace import stage, sync
 
 
 def _fails_with(capsys, argv, *phrases):
     """Run `course ARGV`: status 2, nothing on stdout's last line but no traceback, and one message on
     stderr (wrapped to the terminal) with every phrase in it."""
-    assert cli.main(argv) == 2
+    assert commands.main(argv) == 2
     out, err = capsys.readouterr()
     message = " ".join(err.split())
     assert message.startswith(f"course {argv[0]}: "), err
@@ -41,7 +42,7 @@ def test_a_chapter_the_course_does_not_have(workspace, capsys):
 def test_a_broken_exercise_notebook(workspace, capsys):
     """A notebook that is not JSON (a save cut short): `course check` names it, its last checkpoint and
     `course reset`, and leaves it as it is; `course reset` keeps it in backups/ and gives a fresh one."""
-    cli.main(["sync"])
+    commands.main(["sync"])
     capsys.readouterr()
     mine = workspace / "exercises/01_autograd.ipynb"
     broken = mine.read_bytes()[: len(mine.read_bytes()) // 2]
@@ -53,7 +54,7 @@ def test_a_broken_exercise_notebook(workspace, capsys):
                 "01_autograd-checkpoint.ipynb", "`course reset 01` keeps the broken file in work/backups/")
     assert mine.read_bytes() == broken, "the broken file was changed"
 
-    assert cli.main(["reset", "01"]) == 0
+    assert commands.main(["reset", "01"]) == 0
     assert "your previous copy is saved as" in capsys.readouterr().out
     assert [p.read_bytes() for p in (workspace / "backups").glob("01_autograd.*.ipynb")] == [broken]
     nbformat.read(str(mine), as_version=4)  # a notebook again
@@ -65,13 +66,13 @@ def test_sync_leaves_a_broken_notebook_and_updates_the_others(workspace, capsys,
         (course / kind).mkdir(parents=True)
     shutil.copy(REPO_DIR / "notebooks/00_welcome.ipynb", course / "notebooks")
     shutil.copy(REPO_DIR / "exercises/00_warmup.ipynb", course / "exercises")
-    ws.sync(course)
+    sync.sync(course)
     lesson = workspace / "notebooks/00_welcome.ipynb"
     lesson.write_text("{ not json")
     for name in ("notebooks/00_welcome.ipynb", "exercises/00_warmup.ipynb"):
         p = course / name
         p.write_text(p.read_text().replace("00 ·", "00 (updated) ·", 1).replace("Welcome", "Welcome (updated)", 1))
-    report = {p.relative_to(workspace).as_posix(): what for what, p in ws.sync(course)}
+    report = {p.relative_to(workspace).as_posix(): what for what, p in sync.sync(course)}
     assert report["notebooks/00_welcome.ipynb"].startswith("left as it is: ")
     assert "`course reset --lesson 00`" in report["notebooks/00_welcome.ipynb"]
     assert report["exercises/00_warmup.ipynb"] == "updated"
@@ -80,7 +81,7 @@ def test_sync_leaves_a_broken_notebook_and_updates_the_others(workspace, capsys,
 
 def test_check_with_no_workspace_makes_one_and_runs_nothing(workspace, capsys):
     """No work/ at all: `course check` copies the course's notebooks in and says what to do next."""
-    assert cli.main(["check", "00"]) == 1
+    assert commands.main(["check", "00"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "exercises/00_warmup.ipynb was not there, so `course sync` made a fresh copy" in out
     assert "then run `course check 00` again" in out and "checks passed" not in out
@@ -88,7 +89,7 @@ def test_check_with_no_workspace_makes_one_and_runs_nothing(workspace, capsys):
 
 
 def test_status_with_no_workspace(workspace, capsys):
-    assert cli.main(["status"]) == 0
+    assert commands.main(["status"]) == 0
     assert "not started" in capsys.readouterr().out
 
 
@@ -98,14 +99,14 @@ def test_stage_never_empties_a_folder_it_did_not_make(workspace, capsys, tmp_pat
     (mine / "thesis.tex").write_text("months of work")
     _fails_with(capsys, ["stage", str(mine)], "`course stage` did not make it", "name a new folder")
     assert (mine / "thesis.tex").read_text() == "months of work"
-    cli.main(["sync"])
+    commands.main(["sync"])
     _fails_with(capsys, ["stage", str(workspace)], "`course stage` did not make it")
     assert (workspace / "exercises/00_warmup.ipynb").exists()
     staged = tmp_path / "stage"
     for _ in range(2):  # a folder it made, it empties and fills again
-        assert cli.main(["stage", str(staged)]) == 0
+        assert commands.main(["stage", str(staged)]) == 0
         (staged / "exercises/leftover.txt").write_text("from a test run")
-    assert (staged / ws.STAGED).exists()
+    assert (staged / stage.STAGED).exists()
 
 
 def test_execute_and_new_name_the_missing_file(workspace, capsys, tmp_path):
@@ -120,17 +121,17 @@ def test_a_missing_kernel_says_run_course_setup(workspace, capsys, monkeypatch):
     def no_kernel(*args, **kwargs):
         raise NoSuchKernel("python3")
         yield
-    monkeypatch.setattr(cli.nbtools, "run_cells", no_kernel)
-    cli.main(["sync"])
+    monkeypatch.setattr(commands.nbtools, "run_cells", no_kernel)
+    commands.main(["sync"])
     capsys.readouterr()
     _fails_with(capsys, ["check", "00"], "the course's Jupyter kernel (python3) is not installed here",
                 "run `course setup`")
 
 
 def test_sync_says_when_there_is_nothing_to_do(workspace, capsys):
-    cli.main(["sync"])
+    commands.main(["sync"])
     assert "added:" in capsys.readouterr().out
-    cli.main(["sync"])
+    commands.main(["sync"])
     assert "is up to date with the course: nothing to copy or update." in " ".join(capsys.readouterr().out.split())
 
 
@@ -140,9 +141,9 @@ def test_check_lines_are_wrapped_whole_and_its_time_counts_the_start_up(workspac
     (workspace / "exercises").mkdir(parents=True)
     shutil.copy(REPO_DIR / "exercises/00_warmup.ipynb", workspace / "exercises/00_warmup.ipynb")
     monkeypatch.setenv("COLUMNS", "60")
-    monkeypatch.setattr(cli.sys, "argv", ["course", "check", "00"])
-    monkeypatch.setattr(cli, "STARTED", time.monotonic() - 30)  # as if Python took 30 s to start
-    assert cli.main() == 1
+    monkeypatch.setattr(commands.sys, "argv", ["course", "check", "00"])
+    monkeypatch.setattr(commands, "STARTED", time.monotonic() - 30)  # as if Python took 30 s to start
+    assert commands.main() == 1
     out = capsys.readouterr().out
     assert all(len(line) <= 60 or len(line.split()) == 1 for line in out.splitlines()), out  # a long path stays whole
     summary = " ".join(out.split()).split("0 of 3 checks passed in ")[1]
@@ -154,13 +155,13 @@ def test_colour_only_in_a_terminal(workspace, capsys, monkeypatch):
                        "numerical_gradient": {"passed": False, "message": "off by one", "time": ""}}}
     (workspace).mkdir(parents=True)
     (workspace / ".progress.json").write_text(json.dumps(progress))
-    cli.main(["status"])
+    commands.main(["status"])
     assert "\x1b[" not in capsys.readouterr().out, "colour codes written into a file or a pipe"
-    monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(commands.sys.stdout, "isatty", lambda: True)
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setenv("TERM", "xterm")
-    cli.main(["status"])
+    commands.main(["status"])
     assert "\x1b[32mpassed" in capsys.readouterr().out
     monkeypatch.setenv("NO_COLOR", "1")
-    cli.main(["status"])
+    commands.main(["status"])
     assert "\x1b[" not in capsys.readouterr().out

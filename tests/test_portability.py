@@ -21,7 +21,8 @@ import sys
 import nbformat
 import pytest
 
-from course_lib import REPO_DIR, nbtools
+from course_lib import REPO_DIR
+from course_lib.course import nbtools
 
 SANITIZE = REPO_DIR / "tests" / "nbval_sanitize.cfg"
 # Lessons and solved exercises that print the most computed figures and run quickly; the whole

@@ -9,7 +9,7 @@ scalar_ops.py, Numba would load machine code that still computes the old ops.
 
 `drop_stale_kernels` keeps a fingerprint of all those files beside the saved code, and when it
 changes deletes the saved code, which then compiles afresh. Importing the package deletes nothing: the
-course's entry points call it before any kernel runs (every `course` command, in cli.py, which starts
+course's entry points call it before any kernel runs (every `course` command, in course/commands.py, which starts
 the notebooks' kernels, and the test suite, in tests/conftest.py).
 """
 

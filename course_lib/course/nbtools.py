@@ -14,7 +14,7 @@ import zmq
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-# The kernel `course setup` registers (cli.install_kernel): the notebooks carry its own name, so that
+# The kernel `course setup` registers (environment.install_kernel): the notebooks carry its own name, so that
 # JupyterLab has nothing to rewrite when a learner opens one.
 KERNEL = {"name": "python3", "display_name": "Python 3 (course)", "language": "python"}
 
@@ -39,7 +39,7 @@ def run_cells(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3", s
 
     skip(cell) -> True leaves a cell unrun (its old outputs are cleared). The kernel talks over
     Jupyter's default transport, TCP on 127.0.0.1, as JupyterLab's kernels do (see
-    `course_lib.cli.kernel_settings`), encrypted where ZeroMQ has CurveZMQ.
+    `course_lib.course.lab.kernel_settings`), encrypted where ZeroMQ has CurveZMQ.
     """
     km = KernelManager(kernel_name=kernel_name)
     if zmq.has("curve"):

@@ -14,7 +14,8 @@ import re
 
 import nbformat
 
-from course_lib import REPO_DIR, nbtools
+from course_lib import REPO_DIR
+from course_lib.course import nbtools
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 _REGION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)", re.M | re.S)
