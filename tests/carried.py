@@ -24,7 +24,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib import REPO_DIR, nbtools, yours
+from course_lib import REPO_DIR, yours
+from course_lib.course import nbtools
 from course_lib.learner import answers
 
 

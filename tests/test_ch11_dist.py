@@ -400,7 +400,8 @@ def _is_module(name):
 def test_the_lesson_imports_none_of_the_course_answers_to_its_exercises():
     """Lesson 11 comes before every chapter 11 exercise: what it imports must not load the course's ring, DDP,
     ZeRO-1, f and g or MLP (importing a package runs its __init__, and a module runs its own imports)."""
-    from course_lib import REPO_DIR, nbtools
+    from course_lib import REPO_DIR
+    from course_lib.course import nbtools
 
     todo = set()
     for cell in nbtools.read(REPO_DIR / "notebooks" / "11_distributed.ipynb").cells:

@@ -33,7 +33,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib import REPO_DIR, nbtools
+from course_lib import REPO_DIR
+from course_lib.course import nbtools
 
 SANITIZE = REPO_DIR / "tests" / "nbval_sanitize.cfg"
 

@@ -5,7 +5,7 @@ that defines it), and the next Python process loads it instead of compiling agai
 the file that defines the kernel: editing it recompiles that file's kernels. But a kernel carries
 inside it the code of every compiled function it calls, from other files: fast/'s kernels inline the
 scalar ops of tensor/scalar_ops.py and each other's switches, fused/attention_cpu.py inlines
-fused/tiles.py's products and fused/fastexp.py's exponential, the compiler's generated kernels inline
+simd/tiles.py's products and simd/fastexp.py's exponential, the compiler's generated kernels inline
 compiler/scalar.py. After a `git pull` that changed only tiles.py, Numba would load machine code that
 still computes the old products.
 
@@ -15,7 +15,7 @@ imports inside course_lib (a kernel can inline only code its file imports, direc
 each file whose functions they may compile, keeps a fingerprint of the files it imports beside the saved
 code (`inlined.json`). When that fingerprint changes, it deletes the file's saved code, which then
 compiles afresh. Importing the package deletes nothing: the course's entry points call it before any
-kernel runs (every `course` command, in cli.py, which starts the notebooks' kernels, and the test
+kernel runs (every `course` command, in course/commands.py, which starts the notebooks' kernels, and the test
 suite, in tests/conftest.py).
 """
 

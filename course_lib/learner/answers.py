@@ -88,7 +88,7 @@ def save(chapter, exercise, names, source, constants=None):
     """Keep `source` as the learner's passing answer to `exercise`; back up what it replaces.
 
     constants: {argument position: number} for the check's other arguments, such as a block size."""
-    from course_lib.learner.workspace import backup
+    from course_lib.course.workspace.copies import backup
 
     pieces = index(chapter)
     piece = {"names": names, "source": source, "constants": constants or {}}

@@ -6,17 +6,15 @@ starting with `# %%`. `# %% [markdown]` starts a markdown cell whose lines are c
 """
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import nbformat
+import zmq
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-# The kernel `course setup` registers (cli.install_kernel): the notebooks carry its own name, so that
+# The kernel `course setup` registers (environment.install_kernel): the notebooks carry its own name, so that
 # JupyterLab has nothing to rewrite when a learner opens one.
 KERNEL = {"name": "python3", "display_name": "Python 3 (course)", "language": "python"}
 
@@ -39,15 +37,13 @@ def run_cells(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3", s
     """Run the notebook's code cells one by one in a fresh kernel started in `cwd`, yielding each
     (index, cell) once it has run, so a caller can report progress or stop early.
 
-    skip(cell) -> True leaves a cell unrun (its old outputs are cleared). On Linux and macOS the
-    kernel talks over local (IPC) sockets rather than TCP: nothing is exposed on the network, and the
-    kernel has no plain-TCP warning to print.
+    skip(cell) -> True leaves a cell unrun (its old outputs are cleared). The kernel talks over
+    Jupyter's default transport, TCP on 127.0.0.1, as JupyterLab's kernels do (see
+    `course_lib.course.lab.kernel_settings`), encrypted where ZeroMQ has CurveZMQ.
     """
     km = KernelManager(kernel_name=kernel_name)
-    sockets = None
-    if os.name == "posix":  # socket files under an absolute path, since the kernel runs in `cwd`
-        sockets = tempfile.mkdtemp(prefix="course-kernel-")
-        km.transport, km.ip = "ipc", os.path.join(sockets, "k")
+    if zmq.has("curve"):
+        km.transport_encryption = "auto"
     client = NotebookClient(nb, km=km, timeout=timeout, kernel_name=kernel_name, allow_errors=allow_errors,
                             resources={"metadata": {"path": str(cwd)}})
     try:
@@ -63,8 +59,6 @@ def run_cells(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3", s
     finally:
         if km.has_kernel:
             km.shutdown_kernel(now=True)
-        if sockets:
-            shutil.rmtree(sockets, ignore_errors=True)
 
 
 def execute(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3"):
