@@ -53,6 +53,9 @@ class _HostArray(np.ndarray):
     def copy_to_host(self, *args, **kwargs):
         return np.array(self)
 
+    def copy_to_device(self, ary, *args, **kwargs):
+        self[...] = np.asarray(ary).reshape(self.shape)
+
 
 def compile_instead_of_launching(cc, ptxas, results):
     """Patch numba-cuda so that a launch compiles the kernel to PTX and runs ptxas on it, and returns."""
@@ -98,9 +101,9 @@ def main(argv=None):
     compile_instead_of_launching(cc, ptxas, results)
 
     import gpu_cases
-    import gpu_verify
+    import gpu_report
 
-    env = gpu_cases.Env(True, gpu_verify.Budget(None))   # the simulator's small sizes: the types are the same
+    env = gpu_cases.Env(True, gpu_report.Budget(None))   # the simulator's small sizes: the types are the same
     env.sync = lambda: None
     only = [g for g in args.only.split(",") if g]
     refused = []
@@ -109,7 +112,7 @@ def main(argv=None):
             continue
         try:
             fn(env)
-        except gpu_verify.Skip:
+        except gpu_report.Skip:
             pass
         except Exception as e:   # noqa: BLE001  (nothing runs, so an error here comes from compiling)
             line = next((ln for ln in str(e).splitlines() if ln.strip()), "")
