@@ -152,7 +152,8 @@ def _matmul_kernel(dtype, BM, BN, BK, TM, TN):
     element (i, k) is a[a0 + i * a_st[0] + k * a_st[1]], so transposed operands need no copy."""
     SY, SX = BM // TM, BN // TN
     THREADS_MM = SX * SY
-    LA, LB = BM * BK // THREADS_MM, BK * BN // THREADS_MM
+    SIZE_A, SIZE_B = BM * BK, BK * BN
+    LA, LB = -(-SIZE_A // THREADS_MM), -(-SIZE_B // THREADS_MM)
     TMTN = TM * TN
     PAD = BM + 4                                  # the transposed A tile's padded rows (no bank conflict)
     jit = cuda.jit if SIMULATED else cuda.jit(launch_bounds=(THREADS_MM, 2))   # <= 128 registers: 2 blocks per SM
@@ -176,11 +177,13 @@ def _matmul_kernel(dtype, BM, BN, BK, TM, TN):
             for q in range(LA):
                 e = me + q * THREADS_MM
                 i, kq = top + e // BK, kk + e % BK
-                tile_a[e % BK, e // BK] = a[a0 + i * a_st[0] + kq * a_st[1]] if i < n and kq < k else 0.0
+                if e < SIZE_A:
+                    tile_a[e % BK, e // BK] = a[a0 + i * a_st[0] + kq * a_st[1]] if i < n and kq < k else 0.0
             for q in range(LB):
                 e = me + q * THREADS_MM
                 kq, j = kk + e // BN, left + e % BN
-                tile_b[e // BN, e % BN] = b[b0 + kq * b_st[0] + j * b_st[1]] if kq < k and j < m else 0.0
+                if e < SIZE_B:
+                    tile_b[e // BN, e % BN] = b[b0 + kq * b_st[0] + j * b_st[1]] if kq < k and j < m else 0.0
             cuda.syncthreads()
             for p in range(BK):
                 for j in range(TN):

@@ -75,7 +75,8 @@ def blocked_1d_kernel(BM, BN, BK, TM):
     BM x BK tile of A and a BK x BN tile of B into shared memory; then, for each k, a thread reads one
     element of B once and uses it for its TM multiply-adds."""
     THREADS = BN * (BM // TM)
-    LA, LB = BM * BK // THREADS, BK * BN // THREADS      # elements of each tile a thread loads
+    SIZE_A, SIZE_B = BM * BK, BK * BN
+    LA, LB = -(-SIZE_A // THREADS), -(-SIZE_B // THREADS)      # elements of each tile a thread loads, at most
 
     @cuda.jit
     def k_matmul_1d(A, B, C):
@@ -92,11 +93,13 @@ def blocked_1d_kernel(BM, BN, BK, TM):
             for q in range(LA):                          # consecutive threads, consecutive k: coalesced
                 e = tid + q * THREADS
                 r, c = e // BK, e % BK
-                As[r, c] = A[row0 + r, k0 + c] if row0 + r < M and k0 + c < K else 0.0
+                if e < SIZE_A:
+                    As[r, c] = A[row0 + r, k0 + c] if row0 + r < M and k0 + c < K else 0.0
             for q in range(LB):
                 e = tid + q * THREADS
                 r, c = e // BN, e % BN
-                Bs[r, c] = B[k0 + r, col0 + c] if k0 + r < K and col0 + c < N else 0.0
+                if e < SIZE_B:
+                    Bs[r, c] = B[k0 + r, col0 + c] if k0 + r < K and col0 + c < N else 0.0
             cuda.syncthreads()
             for k in range(BK):
                 b = Bs[k, tx]                            # one shared load, TM multiply-adds
@@ -125,7 +128,8 @@ def blocked_2d_kernel(BM, BN, BK, TM, TN, min_blocks=None):
     blocks on one SM (it then keeps each thread under 65536 / (min_blocks * threads) registers)."""
     SY, SX = BM // TM, BN // TN                  # threads along y and x: the strides between a thread's rows, columns
     THREADS = SX * SY
-    LA, LB = BM * BK // THREADS, BK * BN // THREADS
+    SIZE_A, SIZE_B = BM * BK, BK * BN
+    LA, LB = -(-SIZE_A // THREADS), -(-SIZE_B // THREADS)      # elements of each tile a thread loads, at most
     BMP = BM + 4                                 # padded row of the transposed A tile
     bounds = min_blocks and not config.ENABLE_CUDASIM            # the simulator has no registers to bound
     jit = cuda.jit(launch_bounds=(THREADS, min_blocks)) if bounds else cuda.jit
@@ -148,11 +152,13 @@ def blocked_2d_kernel(BM, BN, BK, TM, TN, min_blocks=None):
             for q in range(LA):                          # read along k (coalesced), store transposed
                 e = tid + q * THREADS
                 r, c = e // BK, e % BK
-                As[c, r] = A[row0 + r, k0 + c] if row0 + r < M and k0 + c < K else 0.0
+                if e < SIZE_A:
+                    As[c, r] = A[row0 + r, k0 + c] if row0 + r < M and k0 + c < K else 0.0
             for q in range(LB):
                 e = tid + q * THREADS
                 r, c = e // BN, e % BN
-                Bs[r, c] = B[k0 + r, col0 + c] if k0 + r < K and col0 + c < N else 0.0
+                if e < SIZE_B:
+                    Bs[r, c] = B[k0 + r, col0 + c] if k0 + r < K and col0 + c < N else 0.0
             cuda.syncthreads()
             for k in range(BK):
                 for i in range(TM):
