@@ -297,8 +297,8 @@ def test_a_tiled_race_names_both_threads_and_the_lines():
 # right values, but each multiply-add reads its element of B from shared memory again
 one_d_rereads = edited(M.blocked_1d_kernel, "one_d_rereads", ("b = Bs[k, tx]", "pass"),
                        ("acc[i] += As[ty * TM + i, k] * b", "acc[i] += As[ty * TM + i, k] * Bs[k, tx]"))
-one_d_drop_last = edited(M.blocked_1d_kernel, "one_d_drop_last", ("for k0 in range(0, K, BK):",
-                                                                  "for k0 in range(0, K - BK + 1, BK):"))
+one_d_drop_last = edited(M.blocked_1d_kernel, "one_d_drop_last", ("for k0 in range(0, n_inner, BK):",
+                                                                  "for k0 in range(0, n_inner - BK + 1, BK):"))
 one_d_no_sync = edited(M.blocked_1d_kernel, "one_d_no_sync", ("acc[i] += As[ty * TM + i, k] * b\n            cuda.syncthreads()",
                                                               "acc[i] += As[ty * TM + i, k] * b\n            pass"))
 

@@ -548,20 +548,31 @@ def matmul_tiled(your_kernel, your_tile):
             "once per block, no bank conflicts")
 
 
-def _ladder_cases(BM, BN, BK):
-    """Two shapes that are not multiples of the tiles: C spans 2 blocks each way, K 1 to 3 tiles and a part."""
-    cases = []
-    for tiles in (1, 2):
-        m = BM + int(rng().integers(1, BM))
-        n = BN + int(rng().integers(1, BN))
-        k = tiles * BK + int(rng().integers(1, BK))
-        cases.append((_mat(m, k), _mat(k, n)))
-    return cases
+def _ladder_case(BM, BN, BK):
+    """A shape that is not a multiple of the tiles: C spans 2 blocks each way, K 1 or 2 tiles and a part."""
+    m = BM + int(rng().integers(1, BM))
+    n = BN + int(rng().integers(1, BN))
+    k = int(rng().integers(1, 3)) * BK + int(rng().integers(1, BK))
+    return _mat(m, k), _mat(k, n)
 
 
 def _executed(M, N, K, BM, BN, BK):
     """Multiply-adds a blocked kernel runs, the zeros past the edges included."""
     return blocks_for(M, BM) * BM * blocks_for(N, BN) * BN * blocks_for(K, BK) * BK
+
+
+def _ladder_values(kernel, block, per_block, bk, A, B, sizes):
+    """C from a launch (on the simulator or a GPU) against numpy, then the tracer's run of the same case
+    (a race there explains wrong values best): returns (trace, profile)."""
+    C = _run_matmul(kernel, block, A, B, per_block)
+    try:
+        _compare_matmul(C, A, B, f"C for A {A.shape} @ B {B.shape}, {sizes}",
+                        mistakes={"the last, partial tile of K was dropped: K is not a multiple of BK, and the part of "
+                                  "a tile past the edge counts as 0": _dropped_last_tile(A, B, bk)})
+    except CheckFailed:
+        _trace_matmul(kernel, block, per_block, A, B)
+        raise
+    return _trace_matmul(kernel, block, per_block, A, B)
 
 
 MATMUL_1D_SIZES = ((16, 16, 4, 4), (8, 16, 4, 2))           # (BM, BN, BK, TM): two shapes of tile
@@ -574,22 +585,14 @@ def matmul_1d(your_kernel_for):
     two sets of sizes: the values, no race, one shared load of B per TM multiply-adds."""
     for BM, BN, BK, TM in MATMUL_1D_SIZES:
         kernel, block = your_kernel_for(BM, BN, BK, TM), (BN, BM // TM)
-        for A, B in _ladder_cases(BM, BN, BK):
-            C = _run_matmul(kernel, block, A, B, (BM, BN))
-            try:
-                _compare_matmul(C, A, B, f"C for A {A.shape} @ B {B.shape}, BM, BN, BK, TM = {BM}, {BN}, {BK}, {TM}",
-                                mistakes={"the last, partial tile of K was dropped: K is not a multiple of BK, and the "
-                                          "part of a tile past the edge counts as 0": _dropped_last_tile(A, B, BK)})
-            except CheckFailed:
-                _trace_matmul(kernel, block, (BM, BN), A, B)
-                raise
+        A, B = _ladder_case(BM, BN, BK)
+        t, p = _ladder_values(kernel, block, (BM, BN), BK, A, B, f"BM, BN, BK, TM = {BM}, {BN}, {BK}, {TM}")
         M, K, N = A.shape[0], A.shape[1], B.shape[1]
-        t, p = _trace_matmul(kernel, block, (BM, BN), A, B)
         _require_global_loads(t, p, M, N, K, BM, BN, "1D blocking")
         _require_shared_loads(t, p, _executed(M, N, K, BM, BN, BK), 1 + 1 / TM, "1D blocking",
                               "for each k, a thread's TM multiply-adds share one element of B: read it from shared "
-                              "memory once, into a register, and reuse it (Lesson 07, section 6).")
-    return (f"sizes {MATMUL_1D_SIZES[0]} and {MATMUL_1D_SIZES[1]}, 2 random shapes each; the tracer: no race, "
+                              "memory once, into a register, and reuse it (Lesson 07, section 8).")
+    return (f"sizes {MATMUL_1D_SIZES[0]} and {MATMUL_1D_SIZES[1]}, a random shape each; the tracer: no race, "
             f"tiles loaded once per block, at most 1 + 1/TM shared loads per multiply-add")
 
 
@@ -604,22 +607,13 @@ def matmul_2d(your_kernel_for):
     multiply-adds, and warps that read shared memory without bank conflicts."""
     for BM, BN, BK, TM, TN in MATMUL_2D_SIZES:
         kernel, block = your_kernel_for(BM, BN, BK, TM, TN), (BN // TN, BM // TM)
-        for A, B in _ladder_cases(BM, BN, BK):
-            C = _run_matmul(kernel, block, A, B, (BM, BN))
-            try:
-                _compare_matmul(C, A, B, f"C for A {A.shape} @ B {B.shape}, BM, BN, BK, TM, TN = "
-                                f"{BM}, {BN}, {BK}, {TM}, {TN}",
-                                mistakes={"the last, partial tile of K was dropped: K is not a multiple of BK, and the "
-                                          "part of a tile past the edge counts as 0": _dropped_last_tile(A, B, BK)})
-            except CheckFailed:
-                _trace_matmul(kernel, block, (BM, BN), A, B)
-                raise
+        A, B = _ladder_case(BM, BN, BK)
+        t, p = _ladder_values(kernel, block, (BM, BN), BK, A, B, f"BM, BN, BK, TM, TN = {BM}, {BN}, {BK}, {TM}, {TN}")
         M, K, N = A.shape[0], A.shape[1], B.shape[1]
-        t, p = _trace_matmul(kernel, block, (BM, BN), A, B)
         _require_global_loads(t, p, M, N, K, BM, BN, "2D blocking")
         _require_shared_loads(t, p, _executed(M, N, K, BM, BN, BK), 1 / TM + 1 / TN, "2D blocking",
                               "for each k, a thread's TM x TN multiply-adds use TM elements of A and TN of B: each "
-                              "is read from shared memory once, into registers, and reused (Lesson 07, section 6).")
+                              "is read from shared memory once, into registers, and reused (Lesson 07, section 8).")
         _require_no_conflicts(p, "2D blocking")
-    return (f"sizes {MATMUL_2D_SIZES[0]} and {MATMUL_2D_SIZES[1]}, 2 random shapes each; the tracer: no race, "
+    return (f"sizes {MATMUL_2D_SIZES[0]} and {MATMUL_2D_SIZES[1]}, a random shape each; the tracer: no race, "
             f"tiles loaded once per block, at most 1/TM + 1/TN shared loads per multiply-add, no bank conflicts")

@@ -150,53 +150,51 @@ def _matmul_kernel(dtype, BM, BN, BK, TM, TN):
     a block of (BN // TN, BM // TM) threads computes a BM x BN tile of one matrix of the batch (grid z);
     each thread keeps its TM x TN outputs, rows r + i * SY and columns c + j * SX, in registers. A's
     element (i, k) is a[a0 + i * a_st[0] + k * a_st[1]], so transposed operands need no copy."""
-    SY, SX = BM // TM, BN // TN
-    THREADS_MM = SX * SY
-    SIZE_A, SIZE_B = BM * BK, BK * BN
-    LA, LB = -(-SIZE_A // THREADS_MM), -(-SIZE_B // THREADS_MM)
+    SY, SX = BM // TM, BN // TN                   # a thread's rows are SY apart, its columns SX apart
     TMTN = TM * TN
     PAD = BM + 4                                  # the transposed A tile's padded rows (no bank conflict)
-    jit = cuda.jit if SIMULATED else cuda.jit(launch_bounds=(THREADS_MM, 2))   # <= 128 registers: 2 blocks per SM
+    jit = cuda.jit if SIMULATED else cuda.jit(launch_bounds=(SX * SY, 2))   # <= 128 registers: 2 blocks per SM
 
     @jit
     def kernel(out, a, b, batch, a_bst, b_bst, a_st, b_st, a_off, b_off, n, k, m):
-        tx, ty = int32(cuda.threadIdx.x), int32(cuda.threadIdx.y)
-        me = ty * SX + tx
-        n, k, m = int32(n), int32(k), int32(m)
-        z = cuda.blockIdx.z
-        a0 = position(z, batch, a_bst, a_off)
-        b0 = position(z, batch, b_bst, b_off)
-        top, left = int32(cuda.blockIdx.y * BM), int32(cuda.blockIdx.x * BN)
         tile_a = cuda.shared.array((BK, PAD), dtype)
         tile_b = cuda.shared.array((BK, BN), dtype)
         c = cuda.local.array(TMTN, dtype)             # C's block, flat: c[i * TN + j]
         col = cuda.local.array(TN, dtype)
+        n, k, m = int32(n), int32(k), int32(m)
+        x0, y0 = int32(cuda.threadIdx.x), int32(cuda.threadIdx.y)
+        z = cuda.blockIdx.z
+        a0 = position(z, batch, a_bst, a_off)        # this matrix of the batch, in each operand's storage
+        b0 = position(z, batch, b_bst, b_off)
+        top, left = int32(cuda.blockIdx.y) * BM, int32(cuda.blockIdx.x) * BN
         for q in range(TMTN):
             c[q] = 0.0
-        for kk in range(0, k, BK):
-            for q in range(LA):
-                e = me + q * THREADS_MM
+        kk = int32(0)
+        while kk < k:
+            e = x0 + y0 * SX
+            while e < BM * BK:                        # A's tile, read along k, stored transposed
                 i, kq = top + e // BK, kk + e % BK
-                if e < SIZE_A:
-                    tile_a[e % BK, e // BK] = a[a0 + i * a_st[0] + kq * a_st[1]] if i < n and kq < k else 0.0
-            for q in range(LB):
-                e = me + q * THREADS_MM
+                tile_a[e % BK, e // BK] = a[a0 + i * a_st[0] + kq * a_st[1]] if i < n and kq < k else 0.0
+                e += SX * SY
+            e = x0 + y0 * SX
+            while e < BK * BN:
                 kq, j = kk + e // BN, left + e % BN
-                if e < SIZE_B:
-                    tile_b[e // BN, e % BN] = b[b0 + kq * b_st[0] + j * b_st[1]] if kq < k and j < m else 0.0
+                tile_b[e // BN, e % BN] = b[b0 + kq * b_st[0] + j * b_st[1]] if kq < k and j < m else 0.0
+                e += SX * SY
             cuda.syncthreads()
             for p in range(BK):
                 for j in range(TN):
-                    col[j] = tile_b[p, j * SX + tx]
+                    col[j] = tile_b[p, j * SX + x0]
                 for i in range(TM):
-                    x = tile_a[p, i * SY + ty]
+                    x = tile_a[p, i * SY + y0]
                     for j in range(TN):
                         c[i * TN + j] += x * col[j]
             cuda.syncthreads()
+            kk += BK
         for i in range(TM):
-            r = top + i * SY + ty
+            r = top + i * SY + y0
             for j in range(TN):
-                s = left + j * SX + tx
+                s = left + j * SX + x0
                 if r < n and s < m:
                     out[(z * n + r) * m + s] = c[i * TN + j]
     return kernel

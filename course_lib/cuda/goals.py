@@ -74,6 +74,13 @@ def goal_kernel(name, tpb, tile):
     return rebind(getattr(puzzles, "k_" + name), TPB=tpb, POOL_BUF=tpb + 2, CONV_BUF=tpb + puzzles.MAX_K - 1)
 
 
+def reference(name, tpb=8, tile=8):
+    """The course's own kernel for the chapter 07 exercise `name`, to run under the tracer, as the goal
+    pictures do: `trace(reference("pool3"), 3, 8, a=a, out=out).draw()`. Its code is the exercise's
+    answer; read it once your check passes."""
+    return goal_kernel(name, tpb, tile)
+
+
 def goal(name, tpb=8, tile=8):
     """Draw what the chapter 07 exercise `name` must do: which thread reads and writes which
     element. The picture traces the course's own kernel for it at the exercise's sizes, on fixed

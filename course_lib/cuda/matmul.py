@@ -75,31 +75,31 @@ def blocked_1d_kernel(BM, BN, BK, TM):
     BM x BK tile of A and a BK x BN tile of B into shared memory; then, for each k, a thread reads one
     element of B once and uses it for its TM multiply-adds."""
     THREADS = BN * (BM // TM)
-    SIZE_A, SIZE_B = BM * BK, BK * BN
-    LA, LB = -(-SIZE_A // THREADS), -(-SIZE_B // THREADS)      # elements of each tile a thread loads, at most
+    LOADS_A, LOADS_B = -(-BM * BK // THREADS), -(-BK * BN // THREADS)     # elements of each tile per thread, at most
 
     @cuda.jit
     def k_matmul_1d(A, B, C):
-        tx, ty = int32(cuda.threadIdx.x), int32(cuda.threadIdx.y)
-        tid = ty * BN + tx
-        row0, col0 = int32(cuda.blockIdx.y * BM), int32(cuda.blockIdx.x * BN)
-        M, K, N = int32(A.shape[0]), int32(A.shape[1]), int32(B.shape[1])
         As = cuda.shared.array((BM, BK), float32)
         Bs = cuda.shared.array((BK, BN), float32)
         acc = cuda.local.array(TM, float32)
+        tx = int32(cuda.threadIdx.x)
+        ty = int32(cuda.threadIdx.y)
+        top = int32(cuda.blockIdx.y * BM)                # the tile of C this block computes starts here
+        left = int32(cuda.blockIdx.x * BN)
+        n_rows, n_inner, n_cols = int32(A.shape[0]), int32(A.shape[1]), int32(B.shape[1])
         for i in range(TM):
             acc[i] = 0.0
-        for k0 in range(0, K, BK):
-            for q in range(LA):                          # consecutive threads, consecutive k: coalesced
-                e = tid + q * THREADS
-                r, c = e // BK, e % BK
-                if e < SIZE_A:
-                    As[r, c] = A[row0 + r, k0 + c] if row0 + r < M and k0 + c < K else 0.0
-            for q in range(LB):
-                e = tid + q * THREADS
-                r, c = e // BN, e % BN
-                if e < SIZE_B:
-                    Bs[r, c] = B[k0 + r, col0 + c] if k0 + r < K and col0 + c < N else 0.0
+        for k0 in range(0, n_inner, BK):
+            for q in range(LOADS_A):                     # consecutive threads, consecutive k: coalesced
+                e = tx + ty * BN + q * THREADS
+                i, k = top + e // BK, k0 + e % BK
+                if e < BM * BK:
+                    As[e // BK, e % BK] = A[i, k] if i < n_rows and k < n_inner else 0.0
+            for q in range(LOADS_B):
+                e = tx + ty * BN + q * THREADS
+                k, j = k0 + e // BN, left + e % BN
+                if e < BK * BN:
+                    Bs[e // BN, e % BN] = B[k, j] if k < n_inner and j < n_cols else 0.0
             cuda.syncthreads()
             for k in range(BK):
                 b = Bs[k, tx]                            # one shared load, TM multiply-adds
@@ -107,9 +107,8 @@ def blocked_1d_kernel(BM, BN, BK, TM):
                     acc[i] += As[ty * TM + i, k] * b
             cuda.syncthreads()
         for i in range(TM):
-            row, col = row0 + ty * TM + i, col0 + tx
-            if row < M and col < N:
-                C[row, col] = acc[i]
+            if top + ty * TM + i < n_rows and left + tx < n_cols:
+                C[top + ty * TM + i, left + tx] = acc[i]
 
     return k_matmul_1d
 

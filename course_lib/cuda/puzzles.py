@@ -71,8 +71,8 @@ def guard_add10(a, threads=None):
 @cuda.jit
 def k_map2d_add10(a, out):
     """The course's answer to exercise 07.4 (`map2d_add10`): read it once your check passes."""
-    col = cuda.threadIdx.x
     row = cuda.threadIdx.y
+    col = cuda.threadIdx.x
     if row < a.shape[0] and col < a.shape[1]:
         out[row, col] = a[row, col] + 10
 
@@ -159,9 +159,9 @@ def block_reverse(a):
 @cuda.jit
 def k_pool3(a, out):
     """The course's answer to exercise 07.9 (`pool3`): read it once your check passes."""
+    buf = cuda.shared.array(POOL_BUF, a.dtype)
     t = cuda.threadIdx.x
     i = cuda.blockIdx.x * TPB + t
-    buf = cuda.shared.array(POOL_BUF, a.dtype)
     if i < a.size:
         buf[t + 2] = a[i]
     if t < 2:                              # two threads also load the halo
@@ -183,9 +183,9 @@ def pool3(a):
 @cuda.jit
 def k_dot_partial(a, b, partial):
     """The course's answer to exercise 07.10 (`dot_partial`): read it once your check passes."""
+    buf = cuda.shared.array(TPB, a.dtype)
     t = cuda.threadIdx.x
     i = cuda.grid(1)
-    buf = cuda.shared.array(TPB, a.dtype)
     buf[t] = a[i] * b[i] if i < a.size else 0.0
     cuda.syncthreads()
     step = TPB // 2
