@@ -274,9 +274,8 @@ def test_tiled_reference_passes(capsys):
     assert "passed" in capsys.readouterr().out
 
 
-def test_tiled_accepts_other_tile_sizes():
-    for size in (4, 16):
-        expect_pass(check.matmul_tiled, M.tiled_kernel(size), size)
+def test_tiled_accepts_another_tile_size():
+    expect_pass(check.matmul_tiled, M.tiled_kernel(4), 4)
 
 
 @pytest.mark.parametrize("wrong, hint", [(tiled_drop_last, "partial tile"),

@@ -212,7 +212,7 @@ def _kernel(kind, key, make):
 #: matmul tiles (BM, BN, BK, TM, TN): big ones on a GPU when C is big, small ones otherwise
 #: (and on the simulator, where every thread costs ~130 µs)
 BIG, SMALL = (128, 128, 8, 8, 8), (32, 32, 8, 2, 2)
-TINY = (8, 8, 4, 2, 2)
+TINY = (16, 16, 4, 4, 4)
 
 
 # ---- operands ------------------------------------------------------------------------------------
@@ -360,13 +360,17 @@ class CudaBackend(Backend):
                 state.storage = DeviceStorage.upload(state.to_numpy())    # the optimizer's own zeros, moved once
                 state.offset = 0
         per_parameter = isinstance(decay, TensorData)
-        decay = on_device(decay).storage.array if per_parameter else self._decay(decay or 0.0)
+        if per_parameter:
+            decay = on_device(decay)          # kept in a variable: its memory must not go back to the pool yet
+            decay_array = decay.storage.array[decay.offset:] if decay.offset else decay.storage.array
+        else:
+            decay_array = self._decay(decay or 0.0)
         p, g = on_device(p), on_device(g)
         out = fresh(p.shape, p.dtype)
         b1, b2 = betas
         kernel = _kernel("adam", (decoupled, per_parameter), lambda: _adam_kernel(decoupled, per_parameter))
         kernel[_config(p.size)](out.storage.array, p.storage.array, p.offset, g.storage.array, g.offset,
-                                m.storage.array, v.storage.array, decay, float(lr), float(b1), float(b2), float(eps),
+                                m.storage.array, v.storage.array, decay_array, float(lr), float(b1), float(b2), float(eps),
                                 1.0 - b1 ** t, 1.0 - b2 ** t, p.size)
         return out
 

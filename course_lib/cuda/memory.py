@@ -9,7 +9,8 @@ Asking the driver for memory (cuMemAlloc) and giving it back is slow, and a trai
 the same sizes at every step. So, like PyTorch's caching allocator, the pool keeps the memory of a
 storage that Python frees and hands it to the next storage of the same size and dtype. Reuse is
 safe without synchronizing: every kernel runs on one stream, in order, so a kernel that writes the
-reused memory runs after every kernel that read it before.
+reused memory runs after every kernel that read it before. (What must hold is the storage itself, not
+only its `array`, until the launch: a storage that Python frees gives its array to the next one.)
 """
 
 import numpy as np
