@@ -34,7 +34,25 @@ CH05 = {}
 CH06 = {}
 
 # ---- chapter 07 ----
-CH07 = {}
+CH07 = {
+    "map_add10": "course_lib.cuda.puzzles:k_map_add10",
+    "zip_add": "course_lib.cuda.puzzles:k_zip_add",
+    "guard_add10": "course_lib.cuda.puzzles:k_guard_add10",
+    "map2d_add10": "course_lib.cuda.puzzles:k_map2d_add10",
+    "broadcast_add": "course_lib.cuda.puzzles:k_broadcast_add",
+    "blocks_add10": "course_lib.cuda.puzzles:k_blocks_add10",
+    "blocks2d_add10": "course_lib.cuda.puzzles:k_blocks2d_add10",
+    "block_reverse": "course_lib.cuda.puzzles:k_block_reverse",
+    "pool3": "course_lib.cuda.puzzles:k_pool3",
+    "dot_partial": "course_lib.cuda.puzzles:k_dot_partial",
+    "conv1d": "course_lib.cuda.puzzles:k_conv1d",
+    "block_scan": "course_lib.cuda.puzzles:k_block_scan",
+    "row_sum": "course_lib.cuda.puzzles:k_row_sum",
+    "matmul_naive": "course_lib.cuda.matmul:k_matmul_naive",
+    "matmul_tiled": "course_lib.cuda.matmul:tiled_kernel",
+    "matmul_1d": "course_lib.cuda.matmul:blocked_1d_kernel",
+    "matmul_2d": "course_lib.cuda.matmul:blocked_2d_kernel",
+}
 
 # ---- chapter 08 ----
 CH08 = {}
