@@ -9,7 +9,8 @@ module reads chapter MM's saved pieces in a call whose first argument is the str
 import ast
 import re
 
-from course_lib import REPO_DIR, nbtools
+from course_lib import REPO_DIR
+from course_lib.course import nbtools
 from course_lib.learner import answers
 
 YOURS = REPO_DIR / "course_lib" / "yours"

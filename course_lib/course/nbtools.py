@@ -6,6 +6,7 @@ starting with `# %%`. `# %% [markdown]` starts a markdown cell whose lines are c
 """
 
 import json
+import os
 import re
 from pathlib import Path
 
