@@ -467,9 +467,9 @@ def attention_function(your_CausalAttention):
 
 # ---- 7. the block ------------------------------------------------------------------------------------
 
-def _config(n_layer):
-    """A small random GPTConfig of odd sizes: heads that divide the width."""
-    H = int(rng().integers(1, 4))
+def _config(n_layer, heads=(1, 3)):
+    """A small random GPTConfig of odd sizes: heads (as many as `heads` allows) that divide the width."""
+    H = int(rng().integers(heads[0], heads[1] + 1))
     d = int(rng().integers(2, 6))
     return GPTConfig(vocab_size=int(rng().integers(11, 30)), block_size=int(rng().integers(5, 12)),
                      n_layer=n_layer, n_head=H, n_embd=H * d, dropout=0.0)
@@ -543,8 +543,8 @@ def _same_module(yours, theirs, what):
 def block(your_Block):
     """Block(config, dtype): chapter 04's pre-norm transformer block (ln_1, attn, ln_2, mlp) on the library."""
     _require_refused(your_Block, "Block")
-    for _ in range(2):
-        config = _config(1)
+    for heads in ((1, 3), (2, 4)):                 # the second has heads to mix up
+        config = _config(1, heads)
         torch.manual_seed(int(rng().integers(2**31)))
         theirs = _jostled(TorchBlock(config).double())
         yours = your_Block(config, np.float64)
@@ -570,7 +570,7 @@ def block(your_Block):
             require(p.grad is not None, f"no gradient reached {name}.")
             assert_close(p.grad.numpy(), named[name].grad.numpy(), what=f"the gradient of {name}", rtol=1e-8,
                          atol=1e-10, inputs=inputs)
-    return "2 random sizes, 1 to 3 heads: names, output and every gradient against chapter 04's Block; an " \
+    return "2 random sizes, 1 to 4 heads: names, output and every gradient against chapter 04's Block; an " \
            "uneven split of heads refused"
 
 
@@ -604,8 +604,8 @@ def gpt(your_GPT):
     forward(idx, targets=None) -> (logits, loss)."""
     _require_refused(your_GPT, "GPT")
     _init_statistics(your_GPT)
-    for n_layer in (1, 3):
-        config = _config(n_layer)
+    for n_layer, heads in ((1, (1, 3)), (3, (2, 4))):
+        config = _config(n_layer, heads)
         torch.manual_seed(int(rng().integers(2**31)))
         theirs = _jostled(TorchGPT(config).double())
         yours = your_GPT(config, np.float64)
