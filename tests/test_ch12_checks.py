@@ -1020,3 +1020,20 @@ def test_stubs_fail(name):
 
 def test_a_function_must_be_a_function_class():
     expect_failure(check.softmax_function, lambda a, dim: a.softmax(dim), match="derived from the library's Function")
+
+
+# ---- the chapter's exercises, as a whole -------------------------------------------------------------------
+
+def test_the_learner_writes_at_least_150_lines_none_of_them_an_earlier_chapters_exercise():
+    """Chapter 12's answers (the significant lines of its solution regions) are at least 150 lines, and none
+    repeats a line of an earlier chapter's answer, nor three of its lines with other names."""
+    from test_teaching import EXERCISES, shapes
+
+    ours = [ex for ex in EXERCISES if ex.notebook.startswith("12_")]
+    earlier = [ex for ex in EXERCISES if ex.notebook[:2] < "12"]
+    assert sum(len(ex.answer) for ex in ours) >= 150, [len(ex.answer) for ex in ours]
+    their_lines = {line for ex in earlier for line in ex.answer if len(line) > 20}
+    assert not [line for ex in ours for line in ex.answer if line in their_lines]
+    their_shapes = {shape for ex in earlier for shape in shapes(ex.answer)}
+    repeated = [ex.cell for ex in ours if set(shapes(ex.answer)) & their_shapes]
+    assert not repeated, f"solutions/12 cells {repeated} repeat three lines of an earlier chapter's answer"

@@ -60,8 +60,9 @@ class AdamW:
         for i, p, group in self._numbered():
             if p.grad is None:
                 continue
-            state = self.state.setdefault(i, {"step": 0, "m": np.zeros(p.shape, p.dtype),
-                                              "v": np.zeros(p.shape, p.dtype)})
+            if i not in self.state:
+                self.state[i] = {"step": 0, "m": np.zeros(p.shape, p.dtype), "v": np.zeros(p.shape, p.dtype)}
+            state = self.state[i]
             state["step"] += 1
             lr = group["lr"]
             decayed = p.numpy() * (1 - lr * group["weight_decay"])
