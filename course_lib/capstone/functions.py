@@ -40,22 +40,26 @@ class Softmax(Function):
 class GELU(Function):
     """The course's answer to exercise 12.2 (`gelu_function`): read it once your check passes.
 
-    GPT-2's GELU, 0.5 a (1 + t) with t = tanh(u), u = C (a + K a^3). It keeps a and t: the product rule
-    gives 0.5 (1 + t) + 0.5 a (1 - t^2) du/da, and du/da is written with a."""
+    GPT-2's GELU, 0.5 a (1 + tanh u) with u = C (a + K a^3), written as a * s with s = sigmoid(2u): the
+    same numbers, since 0.5 (1 + tanh u) = sigmoid(2u), with an exp where the tanh form takes a tanh (a
+    kernel computes it several times faster), and no cancellation in 1 + tanh u for very negative a. It
+    keeps a^2 and s besides the input: the product rule gives s + a s (1 - s) d(2u)/da, and d(2u)/da is
+    written with a^2."""
 
     @staticmethod
     def forward(ctx, a):
         with no_grad():
             a = a.detach()
-            t = (C * (a + K * a * a * a)).tanh()
-            ctx.a, ctx.t = a, t
-            return (0.5 * a * (1.0 + t)).data
+            a2 = a * a
+            s = (a * (2 * C + (2 * C * K) * a2)).sigmoid()
+            ctx.a, ctx.a2, ctx.s = a, a2, s
+            return (a * s).data
 
     @staticmethod
     def backward(ctx, grad):
-        a, t = ctx.a, ctx.t
-        du = C * (1.0 + 3 * K * a * a)
-        return grad * (0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * du)
+        a, a2, s = ctx.a, ctx.a2, ctx.s
+        du2 = 2 * C + (6 * C * K) * a2
+        return grad * (s + a * s * (1.0 - s) * du2)
 
 
 class LayerNorm(Function):
@@ -124,7 +128,8 @@ class CausalAttention(Function):
     softmax(q k^T / sqrt(d), causal) v for q, k, v (B, H, T, d), as one node. It keeps q, k, v and the
     weights p. Backward, step by step from the output: y = p v gives dp = grad v^T and dv = p^T grad; the
     softmax gives ds = p (dp - rowsum(dp p)) (the masked entries, p = 0, get none); the scaled product
-    gives dq = ds k / sqrt(d) and dk = ds^T q / sqrt(d)."""
+    gives dq = ds k / sqrt(d) and dk = ds^T q / sqrt(d). (q, k, v and grad arrive as views of transposed
+    heads: every elementwise step here works on the contiguous results of products instead.)"""
 
     @staticmethod
     def forward(ctx, q, k, v):

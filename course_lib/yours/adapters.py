@@ -203,8 +203,8 @@ class MatMulWithYourBackward(F.MatMul):
 
     @staticmethod
     def backward(ctx, grad):
-        a, b = ctx.saved_tensors
-        ga, gb = piece("matmul_backward")(a.numpy(), b.numpy(), grad.numpy())
+        a, b = ctx.saved_tensors   # numpy views of their memory (no copies): matmul_backward only reads them
+        ga, gb = piece("matmul_backward")(a.data.to_numpy(), b.data.to_numpy(), grad.data.to_numpy())
         ga = unbroadcast(_wrap(ga, grad.dtype), a.shape) if ctx.needs_grad[0] else None
         gb = unbroadcast(_wrap(gb, grad.dtype), b.shape) if ctx.needs_grad[1] else None
         return ga, gb
