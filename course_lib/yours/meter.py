@@ -171,7 +171,7 @@ def time_steps(lib, config, tokens, dtype=np.float64, steps=5, warmup=1, seed=13
     torch.manual_seed(seed)
     reference = TorchGPT(config).to(torch.float64 if dtype == np.float64 else torch.float32)
     runs = {"PyTorch": (reference, trainer.configure_optimizer(reference, cfg), trainer.TORCH, contextlib.nullcontext,
-                        lambda a: torch.from_numpy(a))}
+                        torch.from_numpy)}
     for name, backend in (("course, numpy backend", "numpy"), ("course, Numba backend", "numba")):
         model = CourseGPT.from_torch(reference)
         runs[name] = (model, course_optimizer(model, cfg), COURSE, functools.partial(use_backend, backend), np.asarray)
