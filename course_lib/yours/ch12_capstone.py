@@ -9,7 +9,8 @@
 
 What runs where, inside `lib.running()`:
 
-    every kernel: elementwise ops, sums, copies, products    your chapter 06 kernels ("yours-numba")
+    elementwise ops, sums, copies, products                 your chapter 06 kernels ("yours-numba"; max and
+                                                              where, which chapter 06 did not ask for: the course's)
     x * y and .sum()                                          your chapter 02 Mul and Sum
     the backward of every @                                   your chapter 02 matmul_backward
     the loss                                                  your chapter 02 log_softmax, cross_entropy
