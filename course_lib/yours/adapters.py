@@ -229,34 +229,28 @@ class CrossEntropyOfYours(Function):
         return (ctx.log_p.exp() - ctx.one_hot) * (grad / float(ctx.n)), None
 
 
-class MulOfYours(Function):
-    """Your chapter 02 Mul: the forward in force ("Mul.forward", yours with the backend's zip in place of
-    your strided_zip), and your backward."""
+class FunctionOnBackend(Function):
+    """Your chapter 02 Function `label` (Mul or Sum): the forward in force under "<label>.forward" (a copy of
+    yours that calls the backend's loops where yours names strided_zip and strided_reduce), and your
+    backward. A subclass names which."""
 
-    whose, label = "yours", "Mul"
+    whose, label = "yours", ""
 
-    @staticmethod
-    def forward(ctx, a, b):
-        return piece("Mul.forward")(ctx, a, b)
+    @classmethod
+    def forward(cls, ctx, *inputs, **kwargs):
+        return piece(f"{cls.label}.forward")(ctx, *inputs, **kwargs)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return piece("Mul").backward(ctx, grad)
+    @classmethod
+    def backward(cls, ctx, grad):
+        return piece(cls.label).backward(ctx, grad)
 
 
-class SumOfYours(Function):
-    """Your chapter 02 Sum: the forward in force ("Sum.forward", with the backend's reduce in place of your
-    strided_reduce), and your backward."""
+class MulOfYours(FunctionOnBackend):
+    label = "Mul"
 
-    whose, label = "yours", "Sum"
 
-    @staticmethod
-    def forward(ctx, a, dim):
-        return piece("Sum.forward")(ctx, a, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return piece("Sum").backward(ctx, grad)
+class SumOfYours(FunctionOnBackend):
+    label = "Sum"
 
 
 _PROBES = ((1.5, -2.25), (0.75, 3.5), (-4.0, 0.5), (2.0, 2.0))
