@@ -74,7 +74,20 @@ CH10 = {
 CH11 = {}
 
 # ---- chapter 12 ----
-CH12 = {}
+CH12 = {"softmax_function": "course_lib.capstone.functions:Softmax",
+        "gelu_function": "course_lib.capstone.functions:GELU",
+        "layer_norm_function": "course_lib.capstone.functions:LayerNorm",
+        "embedding_function": "course_lib.capstone.functions:Embedding",
+        "masked_fill_function": "course_lib.capstone.functions:MaskedFill",
+        "attention_function": "course_lib.capstone.functions:CausalAttention",
+        "block": "course_lib.capstone.model:Block",
+        "gpt": "course_lib.capstone.model:GPT",
+        "adamw": "course_lib.capstone.optim:AdamW",
+        "lr_schedule": "course_lib.capstone.optim:lr_at",
+        "clip_grad_norm": "course_lib.capstone.optim:clip_grad_norm",
+        "checkpoint": "course_lib.capstone.train:save_checkpoint",
+        "train": "course_lib.capstone.train:train",
+        "generate": "course_lib.capstone.sample:generate"}
 
 # ---- chapter 13 ----
 CH13 = {"record": "course_lib.compiler.answers:record",
