@@ -39,7 +39,7 @@ def main():
     sys.path.insert(0, str(ROOT / "tests"))
     import carried
 
-    from course_lib import nbtools
+    from course_lib.course import nbtools
 
     start = time.perf_counter()
     for chapter in CARRIED:
