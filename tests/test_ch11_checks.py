@@ -1,13 +1,21 @@
-"""Chapter 11's checks pass on the reference and reject the usual mistakes, including those that get the values
-right and the point of the exercise wrong: a ring that passes whole tensors, a DDP that all-reduces after
-backward, a ZeRO that keeps the whole optimizer state on every rank, a collective that autograd cannot see,
-an MLP that every rank holds whole.
+"""Chapter 11's checks test what the chapter teaches, and accept every correct answer.
+
+For each exercise, the default run proves both sides:
+- rejected, with the right numbers and the property wrong: a ring that passes whole tensors, or gathers on
+  rank 0; a DDP that all-reduces after backward, one that sends one ready bucket per landing gradient (`if`,
+  not `while`), one whose buckets close only strictly above bucket_bytes, one whose buckets follow the
+  forward order (nothing overlaps); a ZeRO that keeps the whole state on every rank, or all of it on rank 0;
+  f and g outside autograd, or changing the tensor they are handed; an MLP that every rank holds whole, or
+  whose partial sums meet in a bare all-reduce;
+- accepted, correct and written differently: a ring that turns the other way with blocking, parity-ordered
+  messages; a DDP whose buckets fill in the order the gradients land and travel pre-divided; a ZeRO that deals
+  whole tensors out to the ranks (as PyTorch's ZeroRedundancyOptimizer does); f and g built on all_gather;
+  an MLP with its own slice arithmetic; and the course's own answers in course_lib/distributed.
 
 Each check launches worker processes (forked from a server that has imported torch: under a second each,
-after the first), so the default run tries each check on two or three wrong implementations; the tests
-marked slow (make sweep) add the references at world sizes 2, 3 and 4 and more mistakes. The
-implementations are written as a learner would write them in a notebook (module __main__), so they reach
-the workers as source, the way the learner's do.
+after the first). The tests marked slow (make sweep) run the references at world sizes 2, 3 and 4 and more
+mistakes. The implementations are written as a learner would write them in a notebook (module __main__), so
+they reach the workers as source, the way the learner's do.
 """
 
 import contextlib

@@ -159,8 +159,8 @@ def _check_ring(p, per_rank, shapes, seed):
             returned = case["returned"]
             if isinstance(returned, torch.Tensor) and not torch.equal(returned, case["tensor"]):
                 require(not torch.allclose(returned, expected), f"{what} was not changed in place: your function "
-                        "returned the sum in a new tensor", hint="like dist.all_reduce, write the sum into the tensor "
-                        "you were given (its chunks are views of it: += and copy_ write through)")
+                        "returned the sum in a new tensor", hint="like dist.all_reduce, the sum belongs in the tensor "
+                        "you were given: a view of it writes through to it, a new tensor does not")
             held = torch.tensor_split(case["tensor"].reshape(-1), p)
             done = [c for c, (a, b) in enumerate(zip(held, torch.tensor_split(expected.reshape(-1), p)))
                     if torch.allclose(a, b, rtol=1e-10, atol=1e-12)]
@@ -174,8 +174,8 @@ def _check_ring(p, per_rank, shapes, seed):
             peers = sorted({r for r, _ in case["sent"]})
             require(len(peers) <= 1 and all((r - rank) % p in (1, p - 1) for r in peers),
                     f"{p} ranks: rank {rank} sent to ranks {peers}: in a ring each rank sends to one neighbour only",
-                    hint="send to (rank + 1) % p, receive from (rank - 1) % p; gathering on rank 0 makes its link "
-                         "carry (p - 1) times the tensor")
+                    hint="each rank sends to one neighbour and receives from the other; gathering on rank 0 makes "
+                         "its link carry (p - 1) times the tensor (lesson 11, *The ring*)")
             elements = sum(k for _, k in case["sent"])
             bound = 2 * (p - 1) * math.ceil(n / p)
             require(elements <= bound, f"{p} ranks: rank {rank} sent {elements} numbers for a tensor of {n}: a ring "
@@ -619,8 +619,9 @@ def _fg_job(f, g, shapes, seed):
 
 @exercise
 def f_and_g(your_CopyToParallel, your_ReduceFromParallel):
-    """Your f and g on 3 processes, forward and backward run through each: f the identity forward and the sum
-    over ranks backward, g the sum forward and the identity backward, both autograd Functions."""
+    """Your f and g on 3 processes, forward and backward run through each, against what the tensor-parallel MLP
+    needs where x enters the ranks' slices (f) and where their partial sums meet (g): both autograd Functions,
+    neither changing a tensor it is handed."""
     seed = int(rng().integers(1 << 20))
     shapes = [(1,), (2, 5), (int(rng().integers(2, 6)), 3, int(rng().integers(1, 5)))]
     ps = world_sizes((3,))
