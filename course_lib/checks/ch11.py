@@ -238,22 +238,21 @@ class Chain(nn.Module):
         return self.last(x)
 
 
+MODELS = {"branchy": Branchy, "chain": Chain}
+
+
+def model_of(kind, sizes, seed):
+    torch.manual_seed(seed)
+    return MODELS[kind](sizes).double()
+
+
 def mlp(sizes, seed):
+    """The ZeRO check's model: linear layers of the given sizes with tanh between them."""
     torch.manual_seed(seed)
     layers = []
     for a, b in zip(sizes, sizes[1:]):
         layers += [nn.Linear(a, b), nn.Tanh()]
     return nn.Sequential(*layers[:-1]).double()
-
-
-MODELS = {"branchy": Branchy, "chain": Chain}
-
-
-def model_of(kind, sizes, seed):
-    if kind == "mlp":
-        return mlp(sizes, seed)
-    torch.manual_seed(seed)
-    return MODELS[kind](sizes).double()
 
 
 def batch(step, rows, sizes, seed):
