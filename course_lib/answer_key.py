@@ -71,7 +71,18 @@ CH10 = {
 }
 
 # ---- chapter 11 ----
-CH11 = {}
+CH11 = {
+    "ring_all_reduce": ("course_lib.distributed.collectives:ring_all_reduce",
+                        "course_lib.distributed.collectives:chunk_sent",
+                        "course_lib.distributed.collectives:chunk_received"),
+    "ddp": ("course_lib.distributed.ddp:DDP", "course_lib.distributed.ddp:make_buckets",
+            "course_lib.distributed.ddp:broadcast_parameters"),
+    "zero_optimizer": "course_lib.distributed.zero:ZeroOptimizer",
+    "f_and_g": ("course_lib.distributed.tensor_parallel:CopyToParallel",
+                "course_lib.distributed.tensor_parallel:ReduceFromParallel"),
+    "parallel_mlp": ("course_lib.distributed.tensor_parallel:ParallelMLP",
+                     "course_lib.distributed.tensor_parallel:my_slice"),
+}
 
 # ---- chapter 12 ----
 CH12 = {"softmax_function": "course_lib.capstone.functions:Softmax",
