@@ -101,17 +101,17 @@ def _compare_blocks(mine, oracle, what):
         for i, (a, b) in enumerate(zip(yours, table)):
             if to_oracle.setdefault(a, b) != b or to_mine.setdefault(b, a) != a:
                 shared = to_oracle[a] != b
-                raise CheckFailed(
-                    f"{what}: block {i} of sequence {seq} is block {a} in your tables, which "
-                    + ("another sequence holds with a different prefix: two sequences share a block only when "
-                       "all their tokens up to its end are equal" if shared else
-                       "should be the block that another sequence with the same prefix already holds"),
-                    hint="a block's hash chains the hash of the block before it, so equal hashes mean equal "
-                         "prefixes" if shared else "look the prompt's full blocks up by their chained hash, from "
-                                                  "the first block on")
-    require(len(to_oracle) + mine.num_free() == mine.num_free() + len(to_mine) and
-            len(to_mine) + oracle.free == oracle.free + len(to_oracle),
-            f"{what}: the tables do not match.")
+                require(False, f"{what}: block {i} of sequence {seq} is block {a} in your tables, which "
+                        + ("another sequence holds with a different prefix: two sequences share a block only when "
+                           "all their tokens up to its end are equal" if shared else
+                           "should be the block that another sequence with the same prefix already holds"),
+                        hint="a block's hash chains the hash of the block before it, so equal hashes mean equal "
+                             "prefixes" if shared else "look the prompt's full blocks up by their chained hash, "
+                                                      "from the first block on")
+    require(len(to_mine) + mine.num_free() == oracle.free + len(to_oracle),
+            f"{what}: {len(to_mine)} blocks are held and {mine.num_free()} free, but {len(to_mine) + mine.num_free()} "
+            f"is not the {oracle.free + len(to_oracle)} blocks the oracle counts.",
+            hint="a block is either free or held, never both, and none goes missing")
 
 
 def _manager_story(cls):
@@ -456,15 +456,15 @@ def speculative_accept(your_accept):
     against the target alone, greedy."""
     V, k = 6, 3
     for _ in range(6):       # greedy: p and q one-hot
-        tp, tq = rng().integers(0, V, k + 1), rng().integers(0, V, k)
+        tp, tq = [int(t) for t in rng().integers(0, V, k + 1)], [int(t) for t in rng().integers(0, V, k)]
         agree = int(rng().integers(0, k + 1))
         tq[:agree] = tp[:agree]
         p, q = np.eye(V)[tp], np.eye(V)[tq]
-        got = your_accept(p, q, tq.copy(), np.random.default_rng(int(rng().integers(1 << 30))))
+        got = your_accept(p, q, np.array(tq), np.random.default_rng(int(rng().integers(1 << 30))))
         first_miss = next((i for i in range(k) if tq[i] != tp[i]), k)
         expected = [int(t) for t in tp[:first_miss + 1]]
         assert_equal([int(t) for t in got], expected,
-                     what=f"the emitted tokens for greedy drafts {list(tq)} and target argmaxes {list(tp)}",
+                     what=f"the emitted tokens for greedy drafts {tq} and target argmaxes {tp}",
                      hint="keep drafts while they equal the target's choice; at the first one that differs emit the "
                           "target's token and stop; if all are kept, add the target's next token")
     p, q = _dist(V, k + 1), _dist(V, k)
@@ -550,18 +550,16 @@ def int8_linear(your_quantize, your_int8_matmul):
         bad = np.argwhere(err > bound)
         if len(bad):
             i, j = bad[0]
-            per_tensor = np.abs(w).max() / 127
-            raise CheckFailed(f"quantize, weight ({out_f}, {in_f}): w[{i}, {j}] = {w[i, j]:.6g} comes back as "
-                              f"{q[i, j]} * {s[i]:.6g} = {q[i, j] * s[i]:.6g}, off by {err[i, j]:.3g}, more than half "
-                              f"a step ({s[i] / 2:.3g}).",
-                              hint="one scale for the whole matrix rounds small rows to zeros: each row gets its own"
-                                   if np.allclose(s, per_tensor) else
-                              "round to the nearest integer (truncation loses up to a whole step), and choose each "
-                              "row's scale so that its largest |w| maps to 127")
+            require(False, f"quantize, weight ({out_f}, {in_f}): w[{i}, {j}] = {w[i, j]:.6g} comes back as "
+                           f"{q[i, j]} * {s[i]:.6g} = {q[i, j] * s[i]:.6g}, off by {err[i, j]:.3g}, more than half "
+                           f"a step ({s[i] / 2:.3g}).",
+                    hint="round to the nearest integer (truncation loses up to a whole step), and choose each row's "
+                         "scale so that its largest |w| maps to 127")
         nonzero = np.abs(w).max(1) > 0
         require((np.abs(q[nonzero]).max(1) == 127).all(),
                 "quantize: some row's largest |q| is not 127, so that row uses fewer than the 255 levels int8 has.",
-                hint="scale = max |w| of the row / 127")
+                hint="give each row its own scale, from its own largest |w|: one scale for the whole matrix "
+                     "leaves the rows of small weights a few levels")
     w = rng().normal(0, 0.05, (96, 128)).astype(np.float32)
     q, s = your_quantize(w)
     ratio = (np.asarray(q).nbytes + np.asarray(s).nbytes) / w.nbytes
