@@ -11,6 +11,7 @@
     course stage DIR          (course authors) a workspace in DIR with the lessons and solved exercises
     course execute PATH...    (course authors) re-run notebooks in place (solutions/ as a learner would)
     course new SCRIPT OUT     (course authors) a notebook from a percent-format script
+    course serve [--port N]   chapter 14's GPT behind an OpenAI-compatible server on 127.0.0.1 (course_lib/serve/cli.py)
 """
 
 import argparse
@@ -298,6 +299,11 @@ def needs_checkout(command):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:        # its options are its own: course_lib/serve/cli.py
+        from course_lib.serve.cli import main as serve
+
+        return serve(argv[1:])
     p = argparse.ArgumentParser(prog="course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
