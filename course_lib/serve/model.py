@@ -29,8 +29,8 @@ class FloatLinear:
         y = x @ self.w.T
         return y + self.b if self.b is not None else y
 
-    def nbytes(self):
-        return self.w.nbytes + (self.b.nbytes if self.b is not None else 0)
+    def nbytes(self, bias=True):
+        return self.w.nbytes + (self.b.nbytes if self.b is not None and bias else 0)
 
 
 class Int8Linear:
@@ -49,8 +49,8 @@ class Int8Linear:
         """Rows of the dequantized matrix (an embedding lookup)."""
         return self.q[ids] * self.scale[ids, None]
 
-    def nbytes(self):
-        return self.q.nbytes + self.scale.nbytes + (self.b.nbytes if self.b is not None else 0)
+    def nbytes(self, bias=True):
+        return self.q.nbytes + self.scale.nbytes + (self.b.nbytes if self.b is not None and bias else 0)
 
 
 def layer_norm(x, g, b, eps=1e-5):
@@ -109,13 +109,15 @@ class PagedGPT:
         q.wpe_q = Int8Linear(self.wpe, None, quantize, matmul)
         return q
 
-    def weight_bytes(self):
-        """Bytes of the weights as this model stores them (layer norms and biases included)."""
+    def weight_bytes(self, matrices_only=False):
+        """Bytes of the weights as this model stores them: the weight matrices (with their scales when int8),
+        and unless matrices_only, the biases and layer norms too (float32 either way)."""
         n = self.head.nbytes() + (self.wpe_q.nbytes() if hasattr(self, "wpe_q") else self.wpe.nbytes)
         for layer in self.layers:
-            n += sum(v.nbytes() for k, v in layer.items() if not k.startswith("ln"))
-            n += sum(a.nbytes for k in ("ln_1", "ln_2") for a in layer[k] if a is not None)
-        return n + sum(a.nbytes for a in self.ln_f if a is not None)
+            n += sum(v.nbytes(bias=not matrices_only) for k, v in layer.items() if not k.startswith("ln"))
+            if not matrices_only:
+                n += sum(a.nbytes for k in ("ln_1", "ln_2") for a in layer[k] if a is not None)
+        return n + (0 if matrices_only else sum(a.nbytes for a in self.ln_f if a is not None))
 
     def embed(self, tokens, positions):
         if isinstance(self.head, Int8Linear):
