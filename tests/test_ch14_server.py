@@ -113,8 +113,24 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
     assert engine.blocks.num_free() == NUM_BLOCKS, f"{NUM_BLOCKS - engine.blocks.num_free()} blocks still held"
 
 
-def test_the_server_binds_loopback_only():
-    from course_lib.serve import cli
+def test_course_serve_binds_loopback_only(monkeypatch, capsys):
+    """`course serve` reaches serve/cli.py with its own options, and hands uvicorn 127.0.0.1 and nothing else."""
+    from course_lib import cli
+    from course_lib.serve import cli as serve_cli
 
-    assert cli.HOST == "127.0.0.1"
-    assert "--host" not in cli.main.__code__.co_consts
+    with pytest.raises(SystemExit) as done:
+        cli.main(["serve", "--help"])
+    assert done.value.code == 0 and "--host" not in capsys.readouterr().out
+    seen = {}
+
+    class Closed:
+        def close(self):
+            seen["closed"] = True
+
+    monkeypatch.setattr(serve_cli, "build", lambda *a, **k: (Closed(), None))
+    from course_lib.serve import server as server_module
+
+    monkeypatch.setattr(server_module, "make_app", lambda runner, tokenizer: "app")
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
+    assert cli.main(["serve", "--port", "8123"]) == 0
+    assert seen["host"] == "127.0.0.1" and seen["port"] == 8123 and seen["closed"]

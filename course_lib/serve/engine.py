@@ -85,6 +85,8 @@ def static_schedule(batch_size):
 
 
 class Engine:
+    KEEP = 100_000     # the most steps (and finished sequences) a long-running engine remembers
+
     def __init__(self, model, schedule=None, block_manager=None, max_tokens=None, prefix_sharing=True,
                  clock=time.perf_counter):
         if schedule is None:
@@ -101,7 +103,7 @@ class Engine:
         self.ids = 0
         self.timeline = []            # per step: [(seq id, tokens computed, "prefill" or "decode")]
         self.prefill_tokens = 0       # prompt tokens computed (cached ones are not)
-        self.peak = (0, 0)            # (reserved slots, used slots) at the step with most blocks held
+        self.peak = {"blocks": 0}     # the cache when most blocks were held: see `step`
         self.finished = []
 
     @classmethod
@@ -143,11 +145,17 @@ class Engine:
     def step(self):
         """One scheduling decision and one model call. Returns [(sequence, new token)]."""
         batch = self.schedule(self.waiting, self.running, self.blocks, self.max_tokens)
-        held = self.blocks_in_use()
-        if held > self.peak[0] // self.model.block_size:
-            self.peak = (held * self.model.block_size, sum(len(s) for s in self.running))
+        held, bs = self.blocks_in_use(), self.model.block_size
+        if held > self.peak["blocks"]:
+            # the empty ends of last blocks are the only unused slots (shared blocks are full)
+            tails = sum(len(self.blocks.block_table(s.id)) * bs - len(s) for s in self.running if not s.finished)
+            self.peak = {"blocks": held, "reserved": held * bs, "used": held * bs - tails,
+                         "running": len(self.running), "tokens": sum(len(s) for s in self.running)}
         self.timeline.append([(s.id, len(s) - s.computed, "prefill" if s.computed < len(s) - 1 else "decode")
                               for s in batch])
+        if len(self.timeline) > self.KEEP:
+            del self.timeline[:self.KEEP // 2]
+            del self.finished[:max(0, len(self.finished) - self.KEEP // 2)]
         if not batch:
             return []
         self.prefill_tokens += sum(len(s) - s.computed for s in batch if s.computed < len(s) - 1)
@@ -169,8 +177,9 @@ class Engine:
         """Serve a trace: requests is [(arrival seconds, prompt ids, max_tokens)], sorted by arrival. While
         nothing can run, the engine's clock skips ahead to the next arrival instead of sleeping. Returns
         the sequences in the order of the trace."""
-        start, skipped = self.clock(), 0.0
-        now = lambda: self.clock() - start + skipped
+        real = self.clock
+        start, skipped = real(), 0.0
+        now = lambda: real() - start + skipped
         pending, seqs = collections.deque(requests), []
         while pending or self.has_work():
             while pending and pending[0][0] <= now():
@@ -179,10 +188,10 @@ class Engine:
             if not self.has_work():
                 skipped += pending[0][0] - now()
                 continue
-            clock, self.clock = self.clock, now
+            self.clock = now                  # first and last tokens are stamped on the trace's clock
             try:
                 self.step()
             finally:
-                self.clock = clock
+                self.clock = real
         self.schedule(self.waiting, self.running, self.blocks, self.max_tokens)   # retire the last ones
         return seqs

@@ -27,7 +27,7 @@ from course_lib.gpt.trainer import TrainConfig, train
 # (target config, draft config, training steps, batch, window)
 PRESETS = {
     "small": (dict(n_layer=2, n_head=4, n_embd=64), dict(n_layer=1, n_head=2, n_embd=32), 300, 8, 128),
-    "bench": (dict(n_layer=6, n_head=8, n_embd=256), dict(n_layer=1, n_head=4, n_embd=96), 400, 8, 256),
+    "bench": (dict(n_layer=6, n_head=8, n_embd=256), dict(n_layer=2, n_head=4, n_embd=160), 400, 8, 256),
 }
 CONTEXT = 512          # learned positions: prompts up to 256 tokens and as many generated
 
