@@ -134,3 +134,22 @@ def test_course_serve_binds_loopback_only(monkeypatch, capsys):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
     assert cli.main(["serve", "--port", "8123"]) == 0
     assert seen["host"] == "127.0.0.1" and seen["port"] == 8123 and seen["closed"]
+
+
+def test_a_failing_engine_answers_500_and_hangs_no_one():
+    from fastapi.testclient import TestClient
+
+    def broken(waiting, running, blocks, max_tokens):
+        raise RuntimeError("a broken scheduler")
+
+    pair = load_pair()
+    runner = Runner(Engine(PagedGPT.from_gpt(pair.target, 8, 16), schedule=broken))
+    try:
+        with TestClient(make_app(runner, pair.tokenizer)) as client:
+            response = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0})
+            assert response.status_code == 500
+            assert "a broken scheduler" in response.json()["error"]["message"]
+            streamed = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "stream": True})
+            assert "a broken scheduler" in streamed.text and "[DONE]" not in streamed.text
+    finally:
+        runner.close()

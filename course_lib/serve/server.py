@@ -78,7 +78,16 @@ class Runner:
                 except queue.Empty:
                     item = None
             if self.engine.has_work():
-                for seq, token in self.engine.step():
+                try:
+                    produced = self.engine.step()
+                except Exception as e:           # a broken piece: every waiting client hears of it, none hangs
+                    for loop, tokens in streams.values():
+                        loop.call_soon_threadsafe(tokens.put_nowait, (e, True))
+                    streams.clear()
+                    for seq in list(self.engine.waiting) + self.engine.running:
+                        self.engine.cancel(seq)
+                    continue
+                for seq, token in produced:
                     if seq.id in streams:
                         loop, tokens = streams[seq.id]
                         loop.call_soon_threadsafe(tokens.put_nowait, (token, seq.finished))
@@ -102,8 +111,9 @@ def _fail(future, error):
 
 
 def error(message, param=None, status=400):
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                   "code": None}}, status_code=status)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
+                        status_code=status)
 
 
 def parse(body, tokenizer, context):
@@ -172,6 +182,10 @@ def make_app(runner, tokenizer, model_name="course-gpt"):
             try:
                 while not done:
                     token, done = await tokens.get()
+                    if isinstance(token, Exception):
+                        message = f"the engine failed: {type(token).__name__}: {token}"
+                        yield f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
+                        return
                     finish = "length" if done else None
                     yield f"data: {json.dumps(chunk(rid, created, tokenizer.decode([token]), finish))}\n\n"
                 yield "data: [DONE]\n\n"
@@ -186,6 +200,8 @@ def make_app(runner, tokenizer, model_name="course-gpt"):
         try:
             while not done:
                 token, done = await tokens.get()
+                if isinstance(token, Exception):
+                    return error(f"the engine failed: {type(token).__name__}: {token}", status=500)
                 out.append(token)
         finally:
             if not done:
