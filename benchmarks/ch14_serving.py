@@ -1,11 +1,12 @@
 """Chapter 14: the serving engine on a fixed trace, against Hugging Face's generate, static batching, one request
 at a time, a contiguous cache, no prefix sharing, the target alone and float32; every figure in one run.
 
-The trace: 64 requests with Poisson arrivals (a mean gap of --gap seconds, 0.01 by default: the requests queue), prompts of 16 to 256 tokens and
-answers of 16 to 256 (greedy), half of the prompts opening with the same 64-token system prompt, all cut from
-the corpus' validation text. Each system serves the whole trace on its own clock: a request exists from its
-arrival on, and while nothing can run the clock skips to the next arrival (no one sleeps). Throughput is the
-generated tokens over the time from the first arrival to the last token.
+The trace: 64 requests with Poisson arrivals (a mean gap of --gap seconds, 0.01 by default: the requests
+queue), prompts of 16 to 256 tokens and answers of 16 to 256 (greedy), half of the prompts opening with the
+same 64-token system prompt, all cut from the corpus' validation text. Each system serves the whole trace on
+its own clock: a request exists from its arrival on, and while nothing can run the clock skips to the next
+arrival (no one sleeps). Throughput is the generated tokens over the time from the first arrival to the last
+token.
 
 - Hugging Face `generate` (transformers' GPT-2 holding the same weights, PyTorch): static batches of 8 in
   arrival order, left-padded; a batch starts once its 8th request has arrived and the last batch is done,
@@ -19,14 +20,16 @@ generated tokens over the time from the first arrival to the last token.
   time against the target alone (each decode the same tokens, checked);
 - int8 weights at batch 1: ms per decoded token against float32 numpy, in turns, and the validation loss of both.
 
-    python benchmarks/ch14_serving.py [--preset bench|small] [--threads 2] [--gap 0.05] [--k 4]
+    python benchmarks/ch14_serving.py [--preset bench|small] [--threads 2] [--gap 0.01] [--k 4] [--cache PATH]
 
-"bench" trains a 6-layer, 256-wide target and a draft about 7x smaller, once, in a few minutes (chapter 04's
-loop); "small" is the notebooks' pair, shipped with the library (a quick run). The script asserts nothing
-about time; it prints every row with its goal, met or missed.
+"bench" trains a 6-layer, 256-wide target and a one-layer draft about 7x smaller, once, in a few minutes
+(chapter 04's loop), and keeps them in --cache for the next run; "small" is the notebooks' pair, shipped with
+the library (a quick run). The script asserts nothing about time; it prints every row with its goal, met or
+missed.
 """
 
 import argparse
+from pathlib import Path
 
 import common  # first: the thread pools of numpy, torch and Numba read their thread count once, at import
 
@@ -43,7 +46,7 @@ from course_lib.serve.acceptance import accept  # noqa: E402
 from course_lib.serve.engine import Engine  # noqa: E402
 from course_lib.serve.int8 import int8_matmul, quantize  # noqa: E402
 from course_lib.serve.model import PagedGPT  # noqa: E402
-from course_lib.serve.models import load_pair, trained_pair  # noqa: E402
+from course_lib.serve.models import load_pair, trained_pair, write_pair  # noqa: E402
 from course_lib.serve.speculative import Contiguous, plain_generate, speculative_generate  # noqa: E402
 
 BLOCK = 16
@@ -127,13 +130,22 @@ def main():
     p.add_argument("--gap", type=float, default=0.01,
                    help="mean seconds between arrivals (small enough that requests queue: see the 'arrivals' line)")
     p.add_argument("--k", type=int, default=4, help="drafts per speculative round")
+    p.add_argument("--cache", default=str(Path.home() / ".cache" / "course" / "ch14_bench_pair.npz"),
+                   help="where the bench pair is kept once trained (delete it to train again)")
     p.add_argument("--blocks", type=int, default=2048,
                    help="the continuous engine's cache, in blocks of 16 (2048 holds every request of the trace at once)")
     args = p.parse_args()
     torch.set_num_threads(THREADS)
     print(f"{platform.processor() or platform.machine()}, {THREADS} threads, torch {torch.__version__}")
     t0 = time.perf_counter()
-    pair = trained_pair("bench") if args.preset == "bench" else load_pair()
+    if args.preset == "small":
+        pair = load_pair()
+    elif Path(args.cache).is_file():
+        pair = load_pair(Path(args.cache))
+    else:
+        pair = trained_pair("bench")
+        Path(args.cache).parent.mkdir(parents=True, exist_ok=True)
+        write_pair(pair, args.cache)
     print(f"models ({args.preset}): target {pair.target.num_params():,} parameters, draft "
           f"{pair.draft.num_params():,} ({pair.ratio:.1f}x smaller); ready in {time.perf_counter() - t0:.0f} s")
     trace = make_trace(pair, gap=args.gap)
