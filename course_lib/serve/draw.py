@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 
-COLORS = plt.get_cmap("tab20").colors
+COLORS = plt.get_cmap("tab10").colors
 
 
 def slots(ax, timeline, n_slots=None, title=None):
@@ -48,8 +48,8 @@ def cache(ax, tables, num_blocks, block_size, lengths):
         for i, block in enumerate(table):
             used = min(block_size, lengths[sid] - i * block_size)
             grid[block, :used] = color
-            grid[block, used:] = 0.6 + 0.4 * color
-            ax.text(-0.8, block, f"seq {sid}, block {i}", ha="right", va="center", fontsize=7)
+            grid[block, used:] = 0.8 + 0.2 * color
+            ax.text(block_size - 0.35, block, f"seq {sid}, its block {i}", ha="left", va="center", fontsize=7)
     ax.imshow(grid, aspect="auto", extent=(-0.5, block_size - 0.5, num_blocks - 0.5, -0.5))
-    ax.set(xticks=range(block_size), yticks=range(num_blocks), xlabel="offset in the block", ylabel="block")
+    ax.set(xticks=range(block_size), yticks=range(num_blocks), xlabel="offset in the block", ylabel="block of the cache")
     ax.tick_params(labelsize=7)
