@@ -20,7 +20,8 @@ token.
   time against the target alone (each decode the same tokens, checked);
 - int8 weights at batch 1: ms per decoded token against float32 numpy, in turns, and the validation loss of both.
 
-    python benchmarks/ch14_serving.py [--preset bench|small] [--threads 2] [--gap 0.01] [--k 4] [--cache PATH]
+    python benchmarks/ch14_serving.py [--preset bench|small] [--threads 2] [--gap 0.01] [--k 4] [--rounds 3]
+                                      [--cache PATH]
 
 "bench" trains a 6-layer, 256-wide target and a one-layer draft about 7x smaller, once, in a few minutes
 (chapter 04's loop), and keeps them in --cache for the next run; "small" is the notebooks' pair, shipped with
@@ -130,6 +131,7 @@ def main():
     p.add_argument("--gap", type=float, default=0.01,
                    help="mean seconds between arrivals (small enough that requests queue: see the 'arrivals' line)")
     p.add_argument("--k", type=int, default=4, help="drafts per speculative round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the throughput runs, in turns (best span kept)")
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "course" / "ch14_bench_pair.npz"),
                    help="where the bench pair is kept once trained (delete it to train again)")
     p.add_argument("--blocks", type=int, default=2048,
@@ -160,17 +162,31 @@ def main():
         return Engine.static(model, static, **kw) if static else Engine(model, **kw)
 
     # ---- throughput -------------------------------------------------------------------------------
-    runs = {}
-    for name, make in (("engine", lambda: engine()),
-                       ("engine, no prefix sharing", lambda: engine(prefix_sharing=False)),
-                       ("engine, static batches of 8", lambda: engine(static=8, blocks=8 * 512 // BLOCK)),
-                       ("engine, one request at a time", lambda: engine(static=1, blocks=512 // BLOCK))):
-        e = make()
-        span, seqs = serve(e, trace)
-        runs[name] = (span, seqs, e)
+    systems = {"engine": lambda: engine(),
+               "engine, no prefix sharing": lambda: engine(prefix_sharing=False),
+               "engine, static batches of 8": lambda: engine(static=8, blocks=8 * 512 // BLOCK),
+               "engine, one request at a time": lambda: engine(static=1, blocks=512 // BLOCK)}
+    hf = hf_model(pair.target)
+    engine().run(trace[:4])                              # warm-up: kernels loaded, caches touched
+    serve_hf(hf, trace[:8])
+    runs, hf_best = {}, (float("inf"), None)
+    for r in range(args.rounds):                         # in turns, a rotating order; each system's best span
+        order = list(systems) + ["hf"]
+        order = order[r % len(order):] + order[:r % len(order)]
+        for name in order:
+            if name == "hf":
+                span, out = serve_hf(hf, trace)
+                hf_best = min(hf_best, (span, out), key=lambda x: x[0])
+                continue
+            e = systems[name]()
+            span, seqs = serve(e, trace)
+            if name not in runs or span < runs[name][0]:
+                runs[name] = (span, seqs, e)
+    for name, (span, _, e) in runs.items():
         print(f"  {name}: {span:.2f} s, {generated / span:.0f} tokens/s, {len(e.timeline)} steps")
-    hf_span, hf_out = serve_hf(hf_model(pair.target), trace)
-    print(f"  Hugging Face generate, static batches of 8: {hf_span:.2f} s, {generated / hf_span:.0f} tokens/s")
+    hf_span, hf_out = hf_best
+    print(f"  Hugging Face generate, static batches of 8: {hf_span:.2f} s, {generated / hf_span:.0f} tokens/s "
+          f"(best of {args.rounds} rounds each)")
     arrivals = trace[-1][0] - trace[0][0]
     if min(r[0] for r in runs.values()) < 1.5 * arrivals:
         print(f"  (the fastest span is within 1.5x of the {arrivals:.2f} s of arrivals: the trace, not the server, "
