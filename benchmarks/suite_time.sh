@@ -2,7 +2,7 @@
 # How long `make test` takes from a fresh clone, cold and warm, and where the time goes. Run it on an idle
 # machine (the figures go into the README and the issue's table); it changes nothing outside its folders.
 #
-#   benchmarks/suite_time.sh [--write-durations] [--env VAR=VALUE ...] COMMIT [COMMIT ...]
+#   benchmarks/suite_time.sh [--write-durations] [--cold-only] [--env VAR=VALUE ...] COMMIT [COMMIT ...]
 #
 # For each commit (a hash, a branch, HEAD), from this clone:
 #   cold  `git clone` into a temporary folder, then `make test`: the install included (pip's own cache
@@ -16,7 +16,8 @@
 #
 #   --write-durations   write the groups' seconds of the first commit's cold run into tests/durations.json
 #                       (the order in which `make test` starts its groups)
-#   --env VAR=VALUE     set VAR for every run (e.g. --env NUMBA_NUM_THREADS=4)
+#   --cold-only         skip the warm run (a second cold run, or a run with another --env)
+#   --env VAR=VALUE     set VAR for every run (e.g. --env NUMBA_NUM_THREADS=4); the logs' names say so
 #
 # Before and after, cold and warm, on an idle machine (about an hour for two commits):
 #   benchmarks/suite_time.sh main infra
@@ -25,17 +26,21 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 out="$here/benchmarks/out/suite_time"
 mkdir -p "$out"
 write_durations=""
+modes=(cold warm)
 envs=()
 commits=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --write-durations) write_durations=1 ;;
+    --cold-only) modes=(cold) ;;
     --env) envs+=("$2"); shift ;;
     *) commits+=("$1") ;;
   esac
   shift
 done
-[ ${#commits[@]} -gt 0 ] || { sed -n '2,22p' "$0"; exit 2; }
+[ ${#commits[@]} -gt 0 ] || { sed -n '2,23p' "$0"; exit 2; }
+tag=""
+for e in ${envs[@]+"${envs[@]}"}; do tag="$tag-${e//[^A-Za-z0-9]/_}"; done
 
 pip_cache="$(python3 -m pip cache dir 2>/dev/null || echo "$HOME/.cache/pip")"
 runs=()
@@ -47,8 +52,8 @@ for commit in "${commits[@]}"; do
   # the caches a run fills, all inside $tmp; pip's stays where it is
   cache_env=(XDG_CACHE_HOME="$tmp/cache" PIP_CACHE_DIR="$pip_cache" COURSE_COMPILER_CACHE="$tmp/cache/course_lib/compiler"
              TORCH_EXTENSIONS_DIR="$tmp/cache/torch_extensions" MPLCONFIGDIR="$tmp/cache/matplotlib" IPYTHONDIR="$tmp/ipython")
-  for mode in cold warm; do
-    log="$out/$hash-$mode.log"
+  for mode in "${modes[@]}"; do
+    log="$out/$hash$tag-$mode.log"
     echo "== $commit ($hash), $mode: $log"
     start=$(date +%s)
     set +e
@@ -57,7 +62,7 @@ for commit in "${commits[@]}"; do
     set -e
     echo "make test took $(( $(date +%s) - start )) s (exit $status)" | tee -a "$log"
     tail -n 3 "$log" | head -n 1
-    runs+=("$hash-$mode=$log")
+    runs+=("$hash$tag-$mode=$log")
   done
   rm -rf "$tmp"
 done
