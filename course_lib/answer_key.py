@@ -1,8 +1,9 @@
 """The answer key: where the course's own answer to each exercise lives.
 
 Read an answer only once your check passes. Each entry maps a chapter's exercise (its check's name) to
-the definition that answers it, as "module:qualname", or to the solved notebook when the answer lives only
-there. Every definition named here starts its docstring with a banner:
+the definition that answers it, as "module:qualname" (a tuple of them when the answer is a forward and
+its rule, say), or to the solved notebook when the answer lives only there. Every definition named here
+starts its docstring with a banner:
 
     The course's answer to exercise 10.3 (`flash_forward`): read it once your check passes.
 
@@ -13,10 +14,25 @@ and no lesson, hint, check message or module that an exercise imports leads to i
 SOLVED = "solutions"  # the answer lives only in solutions/NN_topic.ipynb
 
 # ---- chapter 00 ----
-CH00 = {}
+CH00 = {
+    "numerical_derivative": "course_lib.gradcheck:numerical_derivative",
+    "numerical_gradient": "course_lib.gradcheck:numerical_gradient",
+    "gradient_check": "course_lib.gradcheck:gradient_check",
+}
 
 # ---- chapter 01 ----
-CH01 = {}
+CH01 = {
+    "mul": ("course_lib.autograd.engine:Value.__mul__", "course_lib.autograd.engine:Value._mul_backward"),
+    "exp": ("course_lib.autograd.engine:Value.exp", "course_lib.autograd.engine:Value._exp_backward"),
+    "power": ("course_lib.autograd.engine:Value.__pow__", "course_lib.autograd.engine:Value._pow_backward"),
+    "tanh": ("course_lib.autograd.engine:Value.tanh", "course_lib.autograd.engine:Value._tanh_backward"),
+    "relu": ("course_lib.autograd.engine:Value.relu", "course_lib.autograd.engine:Value._relu_backward"),
+    "topological_order": "course_lib.autograd.engine:topological_order",
+    "backward": "course_lib.autograd.engine:Value.backward",
+    "neuron_call": "course_lib.autograd.nn:Neuron.__call__",
+    "mlp_parameters": "course_lib.autograd.nn:MLP.parameters",
+    "sgd_step": "course_lib.autograd.nn:sgd_step",
+}
 
 # ---- chapter 02 ----
 CH02 = {}

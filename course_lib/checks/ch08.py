@@ -256,7 +256,7 @@ def _numerical_grad(loss, t, h=1e-6):
 
 def _gradient_check(yours, loss, t, what, tol=1e-6, h=1e-6):
     """Chapter 00's gradient check: the worst relative error between your gradient and central differences."""
-    from course_lib.checks.ch00 import relative_error
+    from course_lib.gradcheck import relative_error
 
     with torch.no_grad():
         err = relative_error(_as_numpy(yours), _as_numpy(_numerical_grad(loss, t, h)))
