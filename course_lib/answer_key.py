@@ -35,7 +35,18 @@ CH01 = {
 }
 
 # ---- chapter 02 ----
-CH02 = {}
+CH02 = {
+    "broadcast_shape": "course_lib.tensor.broadcast:shape_broadcast",
+    "strided_zip": "course_lib.tensor.broadcast:broadcast_index",
+    "strided_reduce": SOLVED,
+    "mul_function": "course_lib.tensor.functions:Mul",
+    "sum_function": "course_lib.tensor.functions:Sum",
+    "tensor_methods": "course_lib.tensor.functions:reduce_dims",
+    "matmul_backward": "course_lib.tensor.functions:MatMul",
+    "softmax_cross_entropy": ("course_lib.tensor.functions:LogSoftmax", "course_lib.tensor.functions:CrossEntropy"),
+    "linear": "course_lib.tensor.linear:Linear",
+    "optimizer_steps": ("course_lib.tensor.update_rules:sgd_momentum_step", "course_lib.tensor.update_rules:adam_step"),
+}
 
 # ---- chapter 03 ----
 CH03 = {}

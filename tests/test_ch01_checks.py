@@ -5,8 +5,8 @@ import math
 import pytest
 from checking import expect_failure, expect_pass
 
-from course_lib.autograd.value import Value
 from course_lib.autograd.losses import svm_loss
+from course_lib.autograd.value import Value
 from course_lib.checks import ch01 as check
 
 # ---- reference answers -------------------------------------------------------------------

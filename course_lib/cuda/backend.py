@@ -21,7 +21,8 @@ from numba import cuda, float32, float64
 from course_lib.cuda.launch import blocks_for, launch
 from course_lib.tensor import scalar_ops, tensor_data
 from course_lib.tensor.backend import Backend
-from course_lib.tensor.tensor_data import TensorData, shape_broadcast
+from course_lib.tensor.broadcast import shape_broadcast
+from course_lib.tensor.tensor_data import TensorData
 
 THREADS = 128   # most threads per block of the elementwise kernels
 TILE = 16       # matmul tile (8 for small matrices)

@@ -19,7 +19,8 @@ import functools
 
 import numpy as np
 
-from course_lib.tensor.tensor_data import TensorData, shape_broadcast
+from course_lib.tensor.broadcast import shape_broadcast
+from course_lib.tensor.tensor_data import TensorData
 
 
 @functools.lru_cache(maxsize=4096)

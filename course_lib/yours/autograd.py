@@ -19,7 +19,6 @@ from course_lib import yours
 from course_lib.autograd import engine as course
 from course_lib.autograd import nn, value
 
-
 # The course's version of each piece, used where yours is not saved. Its forwards make a node of
 # their input's class, as yours do through the name `Value`.
 COURSE = {

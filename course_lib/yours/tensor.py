@@ -22,7 +22,8 @@ from course_lib.tensor import functions as F
 from course_lib.tensor import nn, optim
 from course_lib.tensor.autodiff import Context, Function
 from course_lib.tensor.backend import current_backend
-from course_lib.tensor.tensor_data import TensorData, shape_broadcast
+from course_lib.tensor.broadcast import shape_broadcast
+from course_lib.tensor.tensor_data import TensorData
 
 # ---- the course's version of each piece, used where yours is not saved -------------------
 
