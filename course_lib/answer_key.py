@@ -49,7 +49,17 @@ CH02 = {
 }
 
 # ---- chapter 03 ----
-CH03 = {}
+CH03 = {
+    "topological_order": "course_lib.graph.answers:topological_order",
+    "run_graph": "course_lib.graph.session:Session",
+    "mul_gradient": "course_lib.graph.answers:mul_gradient",
+    "matmul_gradient": "course_lib.graph.answers:matmul_gradient",
+    "sum_gradient": "course_lib.graph.answers:sum_gradient",
+    "gradients": "course_lib.graph.answers:gradients",
+    "fold_constants": "course_lib.graph.answers:fold_constants",
+    "eliminate_common_subexpressions": "course_lib.graph.answers:eliminate_common_subexpressions",
+    "training_loop": SOLVED,
+}
 
 # ---- chapter 04 ----
 CH04 = {}
