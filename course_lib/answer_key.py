@@ -50,7 +50,7 @@ CH02 = {
 
 # ---- chapter 03 ----
 CH03 = {
-    "topological_order": "course_lib.graph.answers:topological_order",
+    "topological_order": "course_lib.graph.order:topological_order",
     "run_graph": "course_lib.graph.session:Session",
     "mul_gradient": "course_lib.graph.answers:mul_gradient",
     "matmul_gradient": "course_lib.graph.answers:matmul_gradient",
@@ -62,7 +62,17 @@ CH03 = {
 }
 
 # ---- chapter 04 ----
-CH04 = {}
+CH04 = {
+    "char_tokenizer": "course_lib.gpt.tokenizers:CharTokenizer",
+    "bpe_merge_step": ("course_lib.gpt.tokenizers:pair_counts", "course_lib.gpt.tokenizers:merge"),
+    "attention_head": "course_lib.gpt.model:causal_attention",
+    "split_merge_heads": "course_lib.gpt.model:CausalSelfAttention",
+    "block_forward": "course_lib.gpt.model:Block",
+    "gpt_forward": "course_lib.gpt.model:GPT.forward",
+    "top_k_probs": "course_lib.gpt.generate:top_k_filter",
+    "train_step": "course_lib.gpt.trainer:train_step",
+    "decode_step": "course_lib.gpt.model:KVCache",
+}
 
 # ---- chapter 05 ----
 CH05 = {}

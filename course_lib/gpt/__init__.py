@@ -5,9 +5,16 @@
 - `generate`    temperature and top-k sampling, with and without a KV cache
 - `data`        make_get_batch: random (x, y) windows from a 1-D tensor of ids
 - `trainer`     TrainConfig, AdamW, warmup + cosine, clipping, evaluation, checkpoints
+
+tokenizers, model, generate and trainer hold the course's answers to chapter 04's exercises, each
+marked with the exercise it answers: read them once your checks pass. The names below are the
+chapter's library, to use before then.
 """
 
 from course_lib.gpt.data import make_get_batch, split_tokens
+from course_lib.gpt.generate import generate, sample_next, top_k_filter
+from course_lib.gpt.model import GPT, Block, CausalSelfAttention, GPTConfig, KVCache, causal_attention
+from course_lib.gpt.tokenizers import SPLIT, BPETokenizer, CharTokenizer
 from course_lib.gpt.trainer import (
                                     TrainConfig,
                                     configure_optimizer,

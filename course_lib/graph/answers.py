@@ -1,31 +1,13 @@
 """The course's answers to chapter 03's exercises: read each once your check passes.
 
-The library runs these pieces: the order every walk of the graph uses, the gradient rules of `*`, `@`
-and `sum` (ops.py's Mul, MatMul and Sum call them), reverse mode (`gradients`), and two of the passes
-(passes.py's `optimize` runs them). The executor's answer is session.py's Session.
+The library runs these pieces: the gradient rules of `*`, `@` and `sum` (put into ops.py's table of
+gradient rules below), reverse mode (`gradients`), and two of the passes (passes.py's `optimize` runs
+them). The order every walk uses is order.py's, the executor session.py's Session: answers too.
 """
 
 from course_lib.graph import ops
-
-
-def topological_order(outputs):
-    """The course's answer to exercise 03.1 (`topological_order`): read it once your check passes.
-
-    Every node the outputs depend on, each after its inputs. An explicit stack, no recursion: a node
-    goes on the stack once to have its inputs visited, and again beneath them, to be listed when they
-    are done."""
-    order, seen = [], set()
-    for out in outputs:
-        stack = [(out, False)]
-        while stack:
-            node, inputs_done = stack.pop()
-            if inputs_done:
-                order.append(node)
-            elif node not in seen:
-                seen.add(node)
-                stack.append((node, True))
-                stack.extend((i, False) for i in reversed(node.inputs) if i not in seen)
-    return order
+from course_lib.graph.order import topological_order
+from course_lib.graph.rewrite import rewrite
 
 
 def mul_gradient(node, g):
@@ -78,8 +60,6 @@ def fold_constants(outputs):
     """The course's answer to exercise 03.7 (`fold_constants`): read it once your check passes.
 
     Compute now every node whose inputs are all constants."""
-    from course_lib.graph.passes import rewrite
-
     def rule(node):
         if node.inputs and node.op.name != "assign" and all(i.op.name == "constant" for i in node.inputs):
             return ops.constant(node.op.compute(node, *[i.attrs["value"] for i in node.inputs]))
@@ -94,8 +74,6 @@ def eliminate_common_subexpressions(outputs):
 
     Compute each distinct expression once: later duplicates reuse the first. Two nodes with the same
     signature compute the same value; a signature of None is never merged."""
-    from course_lib.graph.passes import rewrite
-
     def signature(node):
         name = node.op.name
         if name in ("placeholder", "variable", "assign"):
@@ -114,3 +92,6 @@ def eliminate_common_subexpressions(outputs):
         key = signature(node)
         return None if key is None else first.setdefault(key, node)
     return rewrite(outputs, rule)
+
+
+ops.GRADIENT_RULES.update({"mul": mul_gradient, "matmul": matmul_gradient, "sum": sum_gradient})

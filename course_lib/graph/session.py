@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from course_lib.graph.answers import topological_order
 from course_lib.graph.node import Node
+from course_lib.graph.order import topological_order
 
 
 class FeedError(ValueError):
