@@ -75,7 +75,15 @@ CH04 = {
 }
 
 # ---- chapter 05 ----
-CH05 = {}
+CH05 = {
+    "discretize_zoh": "course_lib.mamba.ssm:discretize_zoh",
+    "selective_scan": "course_lib.mamba.scan:selective_scan_sequential",
+    "combine": "course_lib.mamba.scan:combine",
+    "parallel_scan": "course_lib.mamba.scan:associative_scan",
+    "causal_conv1d": "course_lib.mamba.model:causal_conv1d",
+    "block_forward": "course_lib.mamba.model:MambaBlock.forward",
+    "mamba_step": "course_lib.mamba.model:MambaBlock.step",
+}
 
 # ---- chapter 06 ----
 CH06 = {}
