@@ -19,7 +19,8 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from course_lib.cuda.launch import blocks_for, launch
-from course_lib.tensor import scalar_ops, tensor_data
+from course_lib.fast import position as positions
+from course_lib.tensor import scalar_ops
 from course_lib.tensor.backend import Backend
 from course_lib.tensor.broadcast import shape_broadcast
 from course_lib.tensor.tensor_data import TensorData
@@ -31,8 +32,8 @@ TILE = 16       # matmul tile (8 for small matrices)
 # ---- strided positions -------------------------------------------------------------------------
 
 #: Storage position of element `ordinal` (row-major over `shape`) of a strided view: the very
-#: function in tensor_data.py, compiled for the GPU.
-position = cuda.jit(device=True)(tensor_data.position)
+#: function of fast/position.py, compiled for the GPU.
+position = cuda.jit(device=True)(positions.position)
 
 
 # ---- kernel factories: one compiled kernel per op, around its function in scalar_ops.py -----------

@@ -5,9 +5,7 @@ A `TensorData` is a flat 1-D numpy array (the storage) plus three numbers per vi
 sits at `storage[offset + sum(index[i] * strides[i])]`. Views (permute, expand,
 slicing, reshape of contiguous data) make a new TensorData over the same storage.
 
-The index helpers below are plain loops over integer sequences. `position`, the one
-the compiled kernels need, is compiled unchanged by Numba: with `njit` for the CPU
-backend (fast/indexing.py) and with `cuda.jit(device=True)` for the CUDA backend.
+The index helpers below are plain loops over integer sequences, the ones lesson 02 writes.
 """
 
 from __future__ import annotations
@@ -38,17 +36,6 @@ def to_index(ordinal, shape, out_index):
     for i in range(len(shape) - 1, -1, -1):
         out_index[i] = ordinal % shape[i]
         ordinal = ordinal // shape[i]
-
-
-def position(ordinal, shape, strides, offset):
-    """Ordinal (row-major over `shape`) -> position in storage of the view (strides, offset):
-    to_index and index_to_position in one loop, with no index array (what a kernel wants)."""
-    pos = np.int64(offset)
-    rest = np.int64(ordinal)  # a Numba prange index may be unsigned; uint64 mixed with int64 gives float64
-    for d in range(len(shape) - 1, -1, -1):
-        pos += (rest % shape[d]) * strides[d]
-        rest //= shape[d]
-    return pos
 
 
 def contiguous_strides(shape) -> tuple:
