@@ -104,7 +104,17 @@ CH06 = {
 CH07 = {}
 
 # ---- chapter 08 ----
-CH08 = {}
+CH08 = {
+    "bias_relu": SOLVED,
+    "custom_op": ("course_lib.custom_ops.bias_relu_op:bias_relu", "course_lib.custom_ops.bias_relu_op:_bias_relu_setup",
+                  "course_lib.custom_ops.bias_relu_op:_bias_relu_grad"),
+    "im2col": "course_lib.custom_ops.im2col:im2col",
+    "conv2d_forward": "course_lib.custom_ops.im2col:conv2d_im2col",
+    "conv2d_weight_grad": "course_lib.custom_ops.im2col:conv2d_weight_grad",
+    "conv2d_input_grad": ("course_lib.custom_ops.im2col:col2im", "course_lib.custom_ops.im2col:conv2d_input_grad"),
+    "conv2d_numba": "course_lib.custom_ops.numba_conv:conv2d_forward",
+    "bias_gelu_cpp": SOLVED,
+}
 
 # ---- chapter 09 ----
 CH09 = {}

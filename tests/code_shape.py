@@ -77,3 +77,12 @@ def shapes(lines, k=3, parsed=None):
             continue
         found.setdefault(rename(window), i)
     return found
+
+
+SCAFFOLDING = re.compile(r"^(for \w+ in p?range\([^()]*\):|(\w+, )+\w+ = [\w.]+\.shape(\[[^\]]*\])?)$")
+
+
+def scaffolding(line):
+    """A line every kernel of its kind writes, which says nothing about an answer on its own: a loop
+    header over a range, or the unpacking of a shape."""
+    return bool(SCAFFOLDING.match(line))

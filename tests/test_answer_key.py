@@ -10,9 +10,9 @@ the answer lives only in solutions/. This file proves, for every chapter that ha
        The course's answer to exercise NN.k (`name`): read it once your check passes.
    and every banner in course_lib belongs to a definition that the key names for that exercise.
 2. No unmarked copy. No definition in course_lib holds the code of a solution region (the comparison of
-   tests/code_shape.py: 3 consecutive significant lines with local names numbered, or the whole of a
-   region of 1-2 lines) unless it, or a definition around it, carries the banner of that exercise or
-   of a later one.
+   tests/code_shape.py: 3 consecutive significant lines with local names numbered, at least two of them
+   more than a loop header or a shape's unpacking, or the whole of a region of 1-2 lines) unless it, or
+   a definition around it, carries the banner of that exercise or of a later one.
 3. No pointer reaches the answer of exercise NN.k before its check passes. The pointers a learner
    follows before passing it:
    - the lessons of chapters up to NN: every module path (`course_lib/fast/matmul.py`, a folder),
@@ -42,7 +42,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from code_shape import MIN_TOKENS, REGION, normalize, rename, shape_of, shapes, significant
+from code_shape import MIN_TOKENS, REGION, normalize, rename, scaffolding, shape_of, shapes, significant
 
 from course_lib import REPO_DIR, answer_key, build, nbtools
 
@@ -117,6 +117,7 @@ class Definition:
     start: int          # first line (decorators included) and last line, 1-based
     end: int
     banners: tuple      # ((chapter, k, name), ...) from the leading lines of its docstring
+    doc: str            # its docstring as written (a decorator may hide it from inspect)
 
     def __str__(self):
         return f"{self.module}:{self.qualname} ({self.path.relative_to(REPO_DIR).as_posix()}:{self.start})"
@@ -156,8 +157,9 @@ def parse_module(path):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 start = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                doc = ast.get_docstring(child, clean=True) or ""
                 defs.append(Definition(name, prefix + child.name, path, start, child.end_lineno,
-                                       leading_banners(ast.get_docstring(child, clean=True))))
+                                       leading_banners(doc), doc))
                 walk(child, prefix + child.name + ("." if isinstance(child, ast.ClassDef) else ".<locals>."))
             else:
                 walk(child, prefix)
@@ -263,7 +265,7 @@ def test_each_entry_resolves_and_carries_its_banner(ex):
         if d is None:
             problems.append(f"{entry!r} is not a def or class of {module}")
             continue
-        doc = (inspect.getdoc(obj) or "").strip().splitlines()
+        doc = d.doc.strip().splitlines()
         want = banner(ex.chapter, ex.k, ex.name)
         if not any(line.strip() == want for line in doc[:len(d.banners) or 1]):
             problems.append(f"{d}: its docstring starts with {doc[0]!r} instead of the banner\n    {want}"
@@ -299,6 +301,8 @@ def library_windows(k):
             window = parsed[i:i + k]
             if any(w is None for w in window) or (k == 3 and sum(len(w) for w in window) < MIN_TOKENS):
                 continue
+            if k == 3 and sum(not scaffolding(t) for t in texts[i:i + k]) < 2:
+                continue            # loop headers and shape unpacking: every kernel of the kind has them
             found.setdefault(rename(window), []).append((mod.name, mod.lines[i][0]))
     return found
 
