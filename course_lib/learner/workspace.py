@@ -191,7 +191,8 @@ MIRRORED = {
 A read-only copy of `course_lib/`: the library the lessons run and later chapters build on. Its
 chapter folders (`autograd/` for chapter 01, `tensor/` 02, `graph/` 03, `gpt/` 04, `mamba/` 05, `fast/`
 06, `cuda/` 07, `custom_ops/` 08, `infer/` 09, `fused/` 10, `distributed/` 11, `capstone/` 12,
-`compiler/` 13) and `gradcheck.py` (chapter 00) also hold the course's own answers to the exercises.
+`compiler/` 13), and for chapter 00 its gradient-checking tools, also hold the course's own answers
+to the exercises.
 Each answer starts with the line "The course's answer to exercise NN.k (`name`): read it once your
 check passes", each folder's `__init__.py` says which of its files hold answers, and `answer_key.py`
 lists them all. Read an answer once your check passes: before that, the lessons and the hints point
