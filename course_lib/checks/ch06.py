@@ -41,13 +41,27 @@ def _compiled(fn, name, parallel=False, serial=False):
                 "backend already spreads its calls over the threads.")
 
 
+def _diagnostics(fn, signature):
+    """Numba's parfor diagnostics of `fn` compiled for `signature`. A version loaded from Numba's disk cache
+    keeps none, so then a fresh copy (never cached) is compiled for the same types."""
+    try:
+        metadata = fn.get_metadata(signature) or {}
+    except (KeyError, TypeError, AttributeError):
+        metadata = {}
+    if metadata.get("parfor_diagnostics") is None:
+        options = {k: v for k, v in fn.targetoptions.items() if k not in ("cache", "nopython")}
+        fresh = numba.njit(**options)(fn.py_func)
+        fresh.compile(signature)
+        metadata = fresh.get_metadata(fresh.signatures[0]) or {}
+    return metadata.get("parfor_diagnostics")
+
+
 def _prange_loops(fn):
     """How many prange loops Numba turned into parallel loops in the versions of `fn` compiled so far
     (its own diagnostics, whatever the number of cores)."""
     found = 0
     for signature in fn.signatures:
-        diagnostics = fn.get_metadata(signature).get("parfor_diagnostics")
-        for parfor in getattr(diagnostics, "initial_parfors", None) or []:
+        for parfor in getattr(_diagnostics(fn, signature), "initial_parfors", None) or []:
             found += any(pattern[0] == "prange" for pattern in parfor.patterns if isinstance(pattern, tuple))
     return found
 
