@@ -6,6 +6,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Fixed seed for the checks' random cases, so a test run is reproducible.
 TEST_ENV := COURSE_CHECK_SEED=20261122 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+# Two workers; tests/conftest.py hands a chapter's test files and notebooks to one worker as one unit,
+# the longest units first (tests/worker_groups.py).
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile \
           --nbval --nbval-kernel-name python3 --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 # The learner's path: lessons and solved exercises run from a staged copy of work/, each in its own
@@ -52,8 +54,9 @@ $(BOOK_STAMP): pyproject.toml | $(STAMP)
 	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -r $(VENV)/book-requirements.txt
 	touch $(BOOK_STAMP)
 
-# Opt-in: the slow tests: the checks against wrong implementations under 50 seeds (about 45 minutes
-# on 2 cores), and chapter 11's checks at world sizes 2, 3 and 4 (references and more mistakes).
+# Opt-in, and longer than `make test`: the slow tests: the checks against wrong implementations under 50
+# seeds, chapter 11's checks at world sizes 2, 3 and 4 (references and more mistakes), and every lesson and
+# solution rerun as another learner's machine computes them, with 4 and 1 Numba threads.
 sweep: $(STAMP)
 	$(BIN)/python -m pytest -q --slow -m slow tests
 
@@ -75,7 +78,10 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "The course needs Python 3.11 or newer; run: make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-compile $(PIP_ARGS) -e '.[test]'
+	@# the packages' bytecode, compiled on every core (pip compiles one file at a time); as with pip, a file
+	@# written for a newer Python (torch's tests of 3.12 syntax) is left uncompiled
+	$(BIN)/python -c 'import compileall, sys; compileall.compile_dir(sys.prefix + "/lib", quiet=2, workers=0)'
 	$(BIN)/course setup
 	touch $(STAMP)
 

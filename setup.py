@@ -1,6 +1,6 @@
 """Packaging details pyproject.toml cannot say: the wheel carries benchmarks/ as course_lib/benchmarks,
 so that lessons read its figures and reports through importlib.resources wherever they run
-(course_lib/resources.py). Everything else is in pyproject.toml."""
+(course_lib/course/resources.py). Everything else is in pyproject.toml."""
 
 from setuptools import find_packages, setup
 

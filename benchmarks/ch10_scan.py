@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from course_lib.fused import scan_cpu  # noqa: E402
-from course_lib.fused.scan_op import selective_scan_fused  # noqa: E402
+from course_lib.fused.scan_op import CHUNK, selective_scan_fused  # noqa: E402
 from course_lib.mamba.scan import selective_scan_sequential  # noqa: E402
 
 
@@ -99,9 +99,9 @@ def main():
         if solution is not None:
             arrays = [t.numpy() for t in x]
             outs = [np.empty((args.b, L, D), np.float32), np.empty((args.b, D, N), np.float32),
-                    np.empty((args.b, -(-L // scan_cpu.CHUNK), D, N), np.float32)]
+                    np.empty((args.b, -(-L // CHUNK), D, N), np.float32)]
             kernels = {"course": scan_cpu.scan_forward, "solution": solution}
-            calls = {n: (lambda k=k: k(*arrays, *outs, scan_cpu.CHUNK)) for n, k in kernels.items()}
+            calls = {n: (lambda k=k: k(*arrays, *outs, CHUNK)) for n, k in kernels.items()}
             runs = [common.best_in_turns(calls, args.rounds)
                     for _ in range(args.runs)]
             ratios = report("the solved notebook's fused_scan against the course's kernel, forward:", runs, "solution", "course")

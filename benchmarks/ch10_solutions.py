@@ -24,7 +24,7 @@ def solution_source():
     """The imports of the solved notebook and the source of its three CPU kernels, as one module."""
     nb = nbformat.read(REPO_DIR / "solutions" / "10_fused_kernels.ipynb", as_version=4)
     code = [c.source for c in nb.cells if c.cell_type == "code"]
-    imports = next(s for s in code if "from course_lib.fused.tiles import" in s)
+    imports = next(s for s in code if "from course_lib.simd.tiles import" in s)
     kernels = [s for s in code if any(f"def {name}(" in s for name in NAMES)]
     lines = "\n".join([imports, *kernels]).splitlines()
     return "\n".join(line for line in lines if "### " not in line) + "\n"

@@ -50,7 +50,7 @@ def ring_table(world, repeats, ring):
 
 def ddp_table(world, steps, ddp_class):
     sizes = [0, 2**16, 2**20, 25 * 2**20]
-    job = (timing.ddp_step_times, dict(bucket_sizes=sizes, steps=steps, ddp_class=ddp_class))
+    job = (timing.ddp_step_times, dict(ddp_class=ddp_class, bucket_sizes=sizes, steps=steps))
     times = launch(run_all, world, [job], timeout=300)[0][0]
     theirs = times["torch DDP"]
     print(f"\n2. GPT training step on {world} processes (4 layers, 128 wide, batch 8 x 64; median of {steps - 2})")

@@ -1,9 +1,11 @@
-"""The capstone GPT (course_lib.tensor, numpy and Numba backends) against chapter 04's PyTorch GPT.
+"""The course's capstone GPT (its answers to chapter 12, course_lib.capstone, on the numpy and Numba backends)
+against chapter 04's PyTorch GPT.
 
 Configuration: nanoGPT's CPU one (4 layers, 4 heads, 128 wide, block 64, batch 12, dropout 0), float32,
 char-level on the course corpus. All three models start from the same weights and take the same
-batches; their steps are interleaved, so machine load hits them alike. Prints the median ms per
-training step (forward, backward, clipping, AdamW) and the ratios to PyTorch.
+batches; their steps are interleaved, so machine load hits them alike. Each takes the recipe's own step
+(gpt/trainer.train_step: forward, backward, clipping, AdamW) on its library. Prints the median ms per
+step and the ratios to PyTorch.
 
     python benchmarks/ch12_gpt.py [--steps 30] [--threads 1]
     python benchmarks/ch12_gpt.py --profile          # cProfile one step on each backend: the top costs
@@ -25,14 +27,14 @@ THREADS = common.pin_threads(1)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from course_lib.capstone import GPT, compare_training  # noqa: E402
+from course_lib.capstone import COURSE, GPT  # noqa: E402
 from course_lib.capstone import configure_optimizer as course_optimizer  # noqa: E402
-from course_lib.capstone import estimate_loss as course_estimate  # noqa: E402
-from course_lib.capstone import train as course_train  # noqa: E402
-from course_lib.capstone import train_step as course_step  # noqa: E402
+from course_lib.capstone.train import evaluate as course_estimate  # noqa: E402
+from course_lib.capstone.train import train as course_train  # noqa: E402
 from course_lib.data import load_text  # noqa: E402
-from course_lib.gpt import TrainConfig, estimate_loss, make_get_batch, train, train_step  # noqa: E402
+from course_lib.gpt import TrainConfig, estimate_loss, train, trainer  # noqa: E402
 from course_lib.gpt import configure_optimizer as torch_optimizer  # noqa: E402
+from course_lib.gpt.data import Batches  # noqa: E402
 from course_lib.gpt.model import GPT as TorchGPT  # noqa: E402
 from course_lib.gpt.model import GPTConfig  # noqa: E402
 from course_lib.gpt.tokenizers import CharTokenizer  # noqa: E402
@@ -51,18 +53,19 @@ def timed_steps(config, ids, steps, warmup=3):
     cfg = TrainConfig()
     torch.manual_seed(1337)
     ref = TorchGPT(config)
-    runs = {"pytorch": (ref, torch_optimizer(ref, cfg), train_step, None)}
+    runs = {"pytorch": (ref, torch_optimizer(ref, cfg), trainer.TORCH, None)}
     for backend in ("numpy", "numba"):
         model = GPT.from_torch(ref)
-        runs[backend] = (model, course_optimizer(model, cfg), course_step, backend)
-    get_batch = make_get_batch(ids, config.block_size, 12, seed=1)
+        runs[backend] = (model, course_optimizer(model, cfg), COURSE, backend)
+    batches = Batches(ids, config.block_size, 12, seed=1)
     times = {name: [] for name in runs}
     for i in range(warmup + steps):
-        x, y = get_batch("train")
-        for name, (model, opt, step, backend) in runs.items():
+        x, y = batches.get("train")
+        for name, (model, opt, lib, backend) in runs.items():
+            inputs = (torch.from_numpy(x), torch.from_numpy(y)) if backend is None else (x, y)
             with use_backend(backend or "numpy"):
                 t0 = time.perf_counter()
-                step(model, opt, x, y, cfg.grad_clip)
+                trainer.train_step(model, opt, *inputs, cfg.grad_clip, lib)
                 if i >= warmup:
                     times[name].append(1000 * (time.perf_counter() - t0))
     return {name: float(np.median(ts)) for name, ts in times.items()}
@@ -74,14 +77,14 @@ def profile_step(config, ids, backend, top=18):
     torch.manual_seed(1337)
     model = GPT(config)
     opt = course_optimizer(model, cfg)
-    get_batch = make_get_batch(ids, config.block_size, 12, seed=1)
+    batches = Batches(ids, config.block_size, 12, seed=1)
     with use_backend(backend):
         for _ in range(2):
-            course_step(model, opt, *get_batch("train"))
-        x, y = get_batch("train")
+            trainer.train_step(model, opt, *batches.get("train"), cfg.grad_clip, COURSE)
+        x, y = batches.get("train")
         prof = cProfile.Profile()
         prof.enable()
-        course_step(model, opt, x, y)
+        trainer.train_step(model, opt, x, y, cfg.grad_clip, COURSE)
         prof.disable()
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
@@ -91,14 +94,24 @@ def profile_step(config, ids, backend, top=18):
     print("\n".join(line for line in out.getvalue().splitlines() if line.strip()))
 
 
+def torch_batches(batches):
+    return lambda split: tuple(torch.from_numpy(a) for a in batches.get(split))
+
+
 def curves(config, ids, steps=20):
-    cfg = TrainConfig()
+    """float64: chapter 04's train on PyTorch and the course's train on each backend, the same weights and batches."""
+    cfg = TrainConfig(max_iters=steps, eval_interval=0, eval_iters=1)
     for backend in ("numpy", "numba"):
+        torch.manual_seed(1337)
+        ref = TorchGPT(config).double()
+        ours = GPT.from_torch(ref)
+        theirs = train(ref, torch_batches(Batches(ids, config.block_size, 12, seed=1)), cfg, progress=False)
         with use_backend(backend):
-            theirs, ours = compare_training(config, cfg, ids, steps, dtype=np.float64)
-        diff = np.abs(np.array(ours) - np.array(theirs))
+            mine = course_train(ours, course_optimizer(ours, cfg), Batches(ids, config.block_size, 12, seed=1), cfg,
+                                COURSE)
+        diff = np.abs(np.array(mine["loss"]) - np.array(theirs["loss"]))
         print(f"float64, {steps} steps, {backend} backend: largest loss difference {diff.max():.2e} "
-              f"(losses {theirs[0]:.4f} -> {theirs[-1]:.4f})")
+              f"(losses {theirs['loss'][0]:.4f} -> {theirs['loss'][-1]:.4f})")
 
 
 def full_run(config, ids, iters, backend):
@@ -109,13 +122,14 @@ def full_run(config, ids, iters, backend):
     ref = TorchGPT(config)
     ours = GPT.from_torch(ref)
     t0 = time.perf_counter()
-    h_ref = train(ref, make_get_batch(ids, config.block_size, 12, seed=1337), cfg, progress=False)
+    h_ref = train(ref, torch_batches(Batches(ids, config.block_size, 12, seed=1337)), cfg, progress=False)
     t1 = time.perf_counter()
     with use_backend(backend):
-        h_ours = course_train(ours, make_get_batch(ids, config.block_size, 12, seed=1337), cfg)
-        val_ours = course_estimate(ours, make_get_batch(ids, config.block_size, 12, seed=7), 200)["val"]
+        h_ours = course_train(ours, course_optimizer(ours, cfg), Batches(ids, config.block_size, 12, seed=1337), cfg,
+                              COURSE)
+        val_ours = course_estimate(ours, Batches(ids, config.block_size, 12, seed=7), 200, COURSE)["val"]
     t2 = time.perf_counter()
-    val_ref = estimate_loss(ref, make_get_batch(ids, config.block_size, 12, seed=7), 200)["val"]
+    val_ref = estimate_loss(ref, torch_batches(Batches(ids, config.block_size, 12, seed=7)), 200)["val"]
     print(f"float32, {iters} iterations: PyTorch val {h_ref['val_loss'][-1]:.4f} (20 batches), {val_ref:.4f} (200); "
           f"course ({backend}) val {h_ours['val_loss'][-1]:.4f} (20), {val_ours:.4f} (200); "
           f"difference {abs(val_ours - val_ref):.1e}; wall {t1 - t0:.0f} s vs {t2 - t1:.0f} s")

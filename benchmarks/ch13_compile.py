@@ -7,7 +7,8 @@ of each contestant in turn, so load on the machine hits them alike), one thread 
   PyTorch eager, torch.compile;
 - the capstone GPT in nanoGPT's CPU configuration (4 layers, 4 heads, 128 wide, block 64, batch 12,
   float32, AdamW, clipping at 1.0): the eager numpy and Numba backends (chapter 12's train_step), the
-  compiled step (compiler.capturable.train_step: the same step, with its changing numbers in tensors),
+  compiled step (gpt.trainer.train_step on compiler.capturable.CAPTURABLE: the same step, with its
+  changing numbers in tensors),
   PyTorch eager (chapter 04's GPT and step), torch.compile of chapter 04's GPT.
 
 It prints the median ms per step and the ratios, then for the GPT: launches per step before fusion (the
@@ -44,9 +45,12 @@ from course_lib.capstone import GPT  # noqa: E402
 from course_lib.capstone import configure_optimizer as course_optimizer  # noqa: E402
 from course_lib.capstone import train_step as eager_gpt_step  # noqa: E402
 from course_lib.compiler import capturable, kernels  # noqa: E402
+from course_lib.compiler.capturable import CAPTURABLE  # noqa: E402
 from course_lib.data import load_digits, load_text  # noqa: E402
 from course_lib.gpt import TrainConfig, make_get_batch  # noqa: E402
+from course_lib.gpt import configure_optimizer as recipe_optimizer  # noqa: E402
 from course_lib.gpt import configure_optimizer as torch_optimizer  # noqa: E402
+from course_lib.gpt import train_step as recipe_step  # noqa: E402
 from course_lib.gpt import train_step as torch_gpt_step  # noqa: E402
 from course_lib.gpt.model import GPT as TorchGPT  # noqa: E402
 from course_lib.gpt.model import GPTConfig  # noqa: E402
@@ -219,9 +223,9 @@ def run_gpt(steps, use_torch_compile):
     models = {}
     for name in ("numpy", "numba", "compiled"):
         model = GPT.from_torch(reference)
-        opt = capturable.configure_optimizer(model, cfg) if name == "compiled" else course_optimizer(model, cfg)
+        opt = recipe_optimizer(model, cfg, CAPTURABLE) if name == "compiled" else course_optimizer(model, cfg)
         models[name] = (model, opt)
-    compiled = compiler.compile(capturable.train_step, verbose=False)
+    compiled = compiler.compile(recipe_step, verbose=False)
     theirs = TorchGPT(config)
     theirs.load_state_dict(reference.state_dict())
     topt = torch_optimizer(theirs, cfg)
@@ -237,13 +241,13 @@ def run_gpt(steps, use_torch_compile):
     start = time.perf_counter()
     kernels_before = dict(kernels.STATS)
     while compiled.program is None:
-        compiled(*models["compiled"], *batches[0], cfg.grad_clip)
+        compiled(*models["compiled"], *batches[0], cfg.grad_clip, CAPTURABLE)
     first_compile = time.perf_counter() - start
     made = {k: kernels.STATS[k] - kernels_before[k] for k in kernels.STATS}
     contestants = {
         "course, eager (numpy)": eager("numpy"),
         "course, eager (Numba)": eager("numba"),
-        "course, compiled": lambda x, y: compiled(*models["compiled"], x, y, cfg.grad_clip),
+        "course, compiled": lambda x, y: compiled(*models["compiled"], x, y, cfg.grad_clip, CAPTURABLE),
         "PyTorch eager": lambda x, y: torch_gpt_step(theirs, topt, torch.from_numpy(x), torch.from_numpy(y), cfg.grad_clip),
     }
     if use_torch_compile:
@@ -285,7 +289,7 @@ def run_gpt(steps, use_torch_compile):
         _, eager_peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     tracemalloc.start()
-    compiled(*models["compiled"], *batches[3], cfg.grad_clip)
+    compiled(*models["compiled"], *batches[3], cfg.grad_clip, CAPTURABLE)
     _, replay_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     pinned = sum(program.arrays[b.id].nbytes for b in program.graph.buffers
@@ -297,13 +301,13 @@ def run_gpt(steps, use_torch_compile):
 
     print(f"\nCompile: first capture to program {first_compile:.1f} s (kernels compiled {made['compiled']}, loaded from "
           f"disk {made['loaded']}, reused {made['reused']})")
-    again = compiler.compile(capturable.train_step, verbose=False)
+    again = compiler.compile(recipe_step, verbose=False)
     model2 = GPT.from_torch(reference)
-    opt2 = capturable.configure_optimizer(model2, cfg)
+    opt2 = recipe_optimizer(model2, cfg, CAPTURABLE)
     before = dict(kernels.STATS)
     start = time.perf_counter()
     while again.program is None:
-        again(model2, opt2, *batches[0], cfg.grad_clip)
+        again(model2, opt2, *batches[0], cfg.grad_clip, CAPTURABLE)
     print(f"  a second model of the same configuration: {time.perf_counter() - start:.1f} s to its program; kernels "
           f"compiled {kernels.STATS['compiled'] - before['compiled']}, loaded {kernels.STATS['loaded'] - before['loaded']}, "
           f"reused {kernels.STATS['reused'] - before['reused']}")
@@ -314,12 +318,12 @@ def compile_only():
     ids, config = gpt_setup()
     torch.manual_seed(1337)
     model = GPT.from_torch(TorchGPT(config))
-    opt = capturable.configure_optimizer(model, TrainConfig())
+    opt = recipe_optimizer(model, TrainConfig(), CAPTURABLE)
     get_batch = make_get_batch(ids, config.block_size, 12, seed=1)
-    step = compiler.compile(capturable.train_step, verbose=False)
+    step = compiler.compile(recipe_step, verbose=False)
     start = time.perf_counter()
     while step.program is None:
-        step(model, opt, *(t.numpy() for t in get_batch("train")))
+        step(model, opt, *(t.numpy() for t in get_batch("train")), 1.0, CAPTURABLE)
     print(f"  a new process: {time.perf_counter() - start:.1f} s to its program; kernels compiled "
           f"{kernels.STATS['compiled']}, loaded from disk {kernels.STATS['loaded']}, reused {kernels.STATS['reused']}")
 

@@ -1,7 +1,10 @@
 """The cases and figures of gpu_verify.py: each CUDA path of the course against PyTorch, and timed.
 
-CASES is a list of (group, name, fn): fn(env) returns a gpu_verify.Check or raises gpu_verify.Skip.
-FIGURES is a list of (group, title, header, fn): fn(env, figure) yields table rows.
+Cases and figures register with the decorators of gpu_report.py, `@case(group, name)` (fn(env) returns a
+Check or raises Skip) and `@figure(group, title, header)` (fn(env, figure) yields table rows); they land
+in CASES and FIGURES, which gpu_verify.py runs. Another file of cases is any `gpu_cases_*.py` beside this
+one (chapter 10's attention and scan, say): it imports what it needs from gpu_report (and helpers such as
+`Env`, `gap`, `worst` from here), and this module imports it at its end, so its cases run after these.
 
 Sizes come in pairs, `env.size(gpu, simulator)`: on a GPU, sizes that fill it and are not multiples
 of a block (1,000, 100,003, 257 x 333, ...); on the simulator, tiny ones (it runs about 130 µs per
@@ -35,7 +38,7 @@ device.setup(verbose=False)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from gpu_verify import Check, Skip  # noqa: E402
+from gpu_report import CASES, FIGURES, Check, Skip, case, figure  # noqa: E402, F401
 from numba import cuda, float32  # noqa: E402  (after the device is chosen)
 
 from course_lib.cuda import matmul as M  # noqa: E402
@@ -139,16 +142,6 @@ def worst(pairs, note=""):
 
 
 # ---- 1. the puzzles (chapter 07, course_lib/cuda/puzzles.py) -----------------------------------------
-
-CASES = []
-
-
-def case(group, name):
-    def register(fn):
-        CASES.append((group, name, fn))
-        return fn
-    return register
-
 
 def f32(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
@@ -260,23 +253,46 @@ def _(env):
                  f"shape {a.shape}")
 
 
-def _matmul_case(env, kernel, block, name):
-    rng = env.rng(name)
-    n, k, m = env.size((257, 333, 129), (19, 21, 17))
-    A, B = f32(rng, n, k), f32(rng, k, m)
-    tA, tB = env.t(A), env.t(B)
-    C = M.matmul(A, B, kernel=kernel, block=block)
-    return Check(gap(C, tA @ tB), k * EPS * float((tA.abs() @ tB.abs()).max()), f"({n}, {k}) @ ({k}, {m}), block {block}")
+def _ladder(env):
+    """The matmul ladder's kernels: the GPU sizes on a GPU, small tiles on the simulator."""
+    return M.small_ladder() if env.sim else M.LADDER
 
 
-@case("matmul", "14 matmul_naive")
+def _matmul_case(step):
+    def fn(env):
+        rng = env.rng(step)
+        n, k, m = env.size((257, 333, 129), (19, 21, 17))
+        A, B = f32(rng, n, k), f32(rng, k, m)
+        tA, tB = env.t(A), env.t(B)
+        C = M.matmul(A, B, step, _ladder(env))
+        kernel, block, tile = _ladder(env)[step]
+        return Check(gap(C, tA @ tB), k * EPS * float((tA.abs() @ tB.abs()).max()),
+                     f"({n}, {k}) @ ({k}, {m}), block {block}, {tile[0]} x {tile[1]} of C per block")
+    return fn
+
+
+for _i, _step in enumerate(M.LADDER):
+    case("matmul", f"{14 + _i} {_step}")(_matmul_case(_step))
+
+
+@case("matmul", "registers and local memory")
 def _(env):
-    return _matmul_case(env, M.k_matmul_naive, (16, 16), "naive")
-
-
-@case("matmul", "15 matmul_tiled")
-def _(env):
-    return _matmul_case(env, M.k_matmul_tiled, (M.TILE, M.TILE), "tiled")
+    """The dispatcher's own report of each ladder kernel's registers and local memory (spilled arrays).
+    A fact, printed: 2D blocking must keep its 64 accumulators in registers (0 bytes of local memory)."""
+    if env.sim:
+        raise Skip("the dispatcher reports registers only for code compiled for a GPU")
+    notes, spilled = [], []
+    for step, (kernel, _, _) in M.LADDER.items():
+        for sig in kernel.overloads:
+            regs, local = kernel.get_regs_per_thread(sig), kernel.get_local_mem_per_thread(sig)
+            notes.append(f"{step}: {regs} registers, {local} B local")
+            if step == "2D blocking" and local:
+                spilled.append(local)
+    if not notes:
+        raise Skip("no ladder kernel compiled yet (the matmul cases above compile them)")
+    if spilled:
+        return Check(float(max(spilled)), 0.0, "; ".join(notes) + ": 2D blocking spills its accumulators")
+    return Check(status="INFO", note="; ".join(notes))
 
 
 # ---- 2. the CUDA backend of the tensor engine (course_lib/cuda/backend.py) ----------------------------
@@ -382,6 +398,133 @@ def _(env):
     ours = _backend().zip("div", TensorData.from_numpy(num, np.float32), TensorData.from_numpy(den, np.float32))
     pairs.append(("div by 0", ours.to_numpy(), torch.from_numpy(num).to(env.dev) / torch.from_numpy(den).to(env.dev), 0.0))
     return worst(pairs, "log, sqrt, inv, exp, sigmoid, relu of -1, 0, -0, 800, -800, 100, nan; x / 0")
+
+
+@case("backend", "tensors stay on the device")
+def _(env):
+    """A forward and backward pass on the backend: host data goes up once, nothing comes back until read."""
+    import course_lib.tensor as ct
+    from course_lib.cuda import memory
+
+    rng = env.rng("resident")
+    n, k, m = env.size((67, 45, 33), (5, 4, 3))
+    x, w, b = f32(rng, n, k), f32(rng, k, m), f32(rng, m)
+    counts = {"up": 0, "down": 0}
+    upload, download = memory.DeviceStorage.upload, memory.DeviceStorage.copy_to_host
+
+    def counted_upload(host):
+        counts["up"] += 1
+        return upload(host)
+
+    def counted_download(self):
+        counts["down"] += 1
+        return download(self)
+
+    memory.DeviceStorage.upload, memory.DeviceStorage.copy_to_host = counted_upload, counted_download
+    try:
+        with ct.use_backend("cuda"):
+            tx, tw, tb = (ct.Tensor(v, requires_grad=True) for v in (x, w, b))
+            loss = ((tx @ tw + tb).relu() * 0.5).sum()
+            loss.backward()
+            resident = all(isinstance(t.data.storage, memory.DeviceStorage) for t in (loss, tx.grad, tw.grad, tb.grad))
+            before_read = dict(counts)
+            value = loss.item()
+    finally:
+        memory.DeviceStorage.upload, memory.DeviceStorage.copy_to_host = upload, download
+    X, W, B = (env.t(v).requires_grad_() for v in (x, w, b))
+    ref = ((X @ W + B).relu() * 0.5).sum()
+    ref.backward()
+    if not resident or before_read["down"]:
+        return Check(math.inf, 0.0, f"results on the host ({not resident}) or copied back before a read: {before_read}")
+    scale = float(((X.abs() @ W.abs() + B.abs()) * 0.5).sum().detach())
+    return worst([("loss", np.array(value), ref.detach(), (k + n * m) * EPS * scale),
+                  ("dW", tw.grad.numpy(), W.grad, n * EPS * float(X.abs().sum(0).max())),
+                  ("db", tb.grad.numpy(), B.grad, n * EPS)],
+                 f"(x @ w + b).relu() * 0.5, summed, and its backward: {before_read['up']} uploads, "
+                 f"{before_read['down']} copies back before .item()")
+
+
+@case("backend", "fused Adam against torch.optim.Adam")
+def _(env):
+    import course_lib.tensor as ct
+
+    rng = env.rng("adam")
+    size = env.size(100_003, 37)
+    p0, grads = f32(rng, size), [f32(rng, size) for _ in range(3)]
+    pairs = []
+    for decoupled, wd in ((False, 0.0), (True, 0.1)):
+        ours = ct.Tensor(p0, requires_grad=True)
+        opt = (ct.optim.AdamW if decoupled else ct.optim.Adam)([ours], lr=1e-2, weight_decay=wd)
+        theirs = env.t(p0).requires_grad_()
+        topt = (torch.optim.AdamW if decoupled else torch.optim.Adam)([theirs], lr=1e-2, weight_decay=wd)
+        with ct.use_backend("cuda"):
+            for g in grads:
+                ours.grad = ct.Tensor(g)
+                opt.step()
+                theirs.grad = env.t(g)
+                topt.step()
+        pairs.append(("AdamW" if decoupled else "Adam", ours.numpy(), theirs.detach(), 4 * EPS * amax(theirs.detach())))
+    return worst(pairs, f"{size} parameters, 3 steps, lr 1e-2; AdamW with weight decay 0.1")
+
+
+@case("backend", "digits MLP trains like the numpy backend")
+def _(env):
+    import course_lib.tensor as ct
+    from course_lib.data import load_digits
+
+    Xtr, _, ytr, _ = load_digits()
+    hidden, batch, steps = env.size((128, 64, 5), (16, 8, 2))
+    losses, params = {}, {}
+    for name in ("numpy", "cuda"):
+        ct.manual_seed(0)
+        model = ct.nn.Sequential(ct.nn.Linear(64, hidden), ct.nn.ReLU(), ct.nn.Linear(hidden, 10))
+        opt = ct.optim.Adam(model.parameters(), lr=3e-3)
+        with ct.use_backend(name):
+            for s in range(steps):
+                loss = ct.cross_entropy(model(ct.Tensor(Xtr[s * batch:(s + 1) * batch])), ytr[s * batch:(s + 1) * batch])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.setdefault(name, []).append(loss.item())
+        params[name] = np.concatenate([p.numpy().ravel() for p in model.parameters()])
+    return worst([("losses", np.array(losses["cuda"]), np.array(losses["numpy"]), 1e-5 * max(losses["numpy"])),
+                  ("weights", params["cuda"], params["numpy"], 1e-5)],
+                 f"64 -> {hidden} -> 10, Adam, {steps} steps of {batch} images, float32")
+
+
+def capstone_losses(backends, layers, heads, width, block, batch, steps, seed=1):
+    """{backend: the capstone GPT's training losses on it}: the same initial weights (chapter 04's PyTorch GPT),
+    the same batches, AdamW and clipping as chapter 12 trains it, float32."""
+    from course_lib.capstone import GPT, configure_optimizer, train_step
+    from course_lib.gpt import TrainConfig, make_get_batch
+    from course_lib.gpt.model import GPT as TorchGPT
+    from course_lib.gpt.model import GPTConfig
+    from course_lib.tensor import use_backend
+
+    config = GPTConfig(vocab_size=11, block_size=block, n_layer=layers, n_head=heads, n_embd=width, dropout=0.0)
+    cfg = TrainConfig(batch_size=batch, warmup_iters=1)
+    tokens = np.random.default_rng(seed).integers(0, 11, 50 * block)
+    losses = {}
+    for name in backends:
+        torch.manual_seed(seed)
+        model = GPT.from_torch(TorchGPT(config))
+        opt = configure_optimizer(model, cfg)
+        get_batch = make_get_batch(tokens, block, batch, seed=seed)
+        with use_backend(name):
+            losses[name] = np.array([float(train_step(model, opt, *get_batch("train"), cfg.grad_clip))
+                                     for _ in range(steps)])
+    return losses
+
+
+@case("backend", "capstone GPT trains like the numpy backend")
+def _(env):
+    if env.sim:
+        raise Skip("about 15 s on the simulator: tests/test_ch07_backend.py runs it there, at a tiny size")
+    layers, heads, width, block, batch, steps = 2, 4, 64, 32, 4, 3
+    losses = capstone_losses(("numpy", "cuda"), layers, heads, width, block, batch, steps)
+    return Check(gap(losses["cuda"], losses["numpy"]), 1e-5 * float(losses["numpy"].max()),
+                 f"{layers} layer(s), {heads} heads, width {width}, block {block}, batch {batch}: AdamW, clipping, "
+                 f"{steps} steps, float32; losses {', '.join(f'{v:.4f}' for v in losses['cuda'])}")
 
 
 # ---- 3. chapter 08's custom ops: the Numba CUDA bias+ReLU and the .cu op of load_inline ----------------
@@ -697,16 +840,6 @@ def ring_matches_all_reduce(lengths, seed=0):
 
 # ---- figures --------------------------------------------------------------------------------------------
 
-FIGURES = []
-
-
-def figure(group, title, header):
-    def register(fn):
-        FIGURES.append((group, title, header, fn))
-        return fn
-    return register
-
-
 def interleaved(env, contestants, repeats):
     """Median seconds per call of each contestant: one untimed call each first (Numba compiles then), then
     `repeats` rounds in which every contestant runs once, in turns, the order rotating each round.
@@ -737,37 +870,31 @@ TIMING_NOTE = ("Median of interleaved rounds after an untimed first call (compil
                "host CPU (these kernels are launched from Python) makes the course's side look slower.")
 
 
-@figure("matmul", "Tiled matmul against cuBLAS (float32, TF32 off)",
-        ["n", "naive ms", "tiled ms", "cuBLAS ms", "tiled GFLOP/s", "cuBLAS GFLOP/s", "tiled / cuBLAS time"])
+LADDER_STEPS = ("coalesced", "tiled", "1D blocking", "2D blocking")
+
+
+@figure("matmul", "The matmul ladder against cuBLAS (float32, TF32 off)",
+        ["n", *(f"{s} GFLOP/s (share)" for s in LADDER_STEPS), "cuBLAS GFLOP/s", "largest |C - cuBLAS's C|"])
 def fig_matmul(env, fig):
-    if env.torch_cuda:                                    # a float32 peer, as the kernel computes: no TF32
-        matmul = torch.backends.cuda.matmul
-        if hasattr(matmul, "fp32_precision"):
-            matmul.fp32_precision = "ieee"
-        else:
-            matmul.allow_tf32 = False
-    repeats = env.size(5, 1)
-    fig.notes += [f"n x n float32 matrices already on the device; {TIMING_NOTE}",
-                  "cuBLAS is torch.matmul on the GPU" if env.torch_cuda else
-                  "No cuBLAS column: this torch has no CUDA."]
-    for n in env.size((1024, 2048, 4096), (16,)):
+    fig.notes += ["n x n float32 matrices already on the device; each step of course_lib/cuda/matmul.py and "
+                  "torch.matmul (cuBLAS, TF32 off); share = the step's GFLOP/s over cuBLAS's. Median of 5 runs "
+                  "after a warm-up, timed with CUDA events. The coalesced kernel is timed up to n = 2048. "
+                  "Goal: 2D blocking at n = 4096 at least 50% of cuBLAS."]
+    if env.sim or not env.torch_cuda:
+        raise Skip("needs a GPU and a CUDA build of torch (cuBLAS); the simulator's times mean nothing")
+    from ch07_matmul_gpu import ladder_rows, registers
+
+    for n in (1024, 2048, 4096):
         if env.budget.spent():
             fig.skipped.append(f"n={n}")
             continue
-        rng = env.rng(f"fig-mm{n}")
-        A, B = f32(rng, n, n), f32(rng, n, n)
-        dA, dB, dC = cuda.to_device(A), cuda.to_device(B), cuda.device_array((n, n), np.float32)
-        grid = M.grid_for((n, n), (M.TILE, M.TILE))
-        runs = {"naive": lambda: M.k_matmul_naive[grid, (16, 16)](dA, dB, dC),
-                "tiled": lambda: M.k_matmul_tiled[grid, (M.TILE, M.TILE)](dA, dB, dC)}
-        if env.torch_cuda:
-            tA, tB = torch.from_numpy(A).cuda(), torch.from_numpy(B).cuda()
-            runs["cublas"] = lambda: torch.matmul(tA, tB)
-        t = interleaved(env, runs, repeats)
-        gflops = 2 * n ** 3 / 1e9
-        cub = t.get("cublas")
-        yield [n, ms(t["naive"]), ms(t["tiled"]), ms(cub) if cub else "-", f"{gflops / t['tiled']:.0f}",
-               f"{gflops / cub:.0f}" if cub else "-", f"{t['tiled'] / cub:.1f}x" if cub else "-"]
+        for n, times, errors in ladder_rows([n], 5):
+            flops = 2.0 * n ** 3
+            rate = {s: flops / t / 1e6 for s, t in times.items()}
+            cells = [f"{rate[s]:.0f} ({rate[s] / rate['cuBLAS']:.1%})" if s in rate else "-" for s in LADDER_STEPS]
+            yield [n, *cells, f"{rate['cuBLAS']:.0f}", f"{max(errors.values()):.1e}"]
+    fig.notes.append("Registers and local memory per thread (the dispatcher's report): "
+                     + "; ".join(f"{s}: {r} registers, {b} B local" for s, (r, b) in registers().items()) + ".")
 
 
 @figure("mlp", "The CUDA backend's digits MLP epoch against PyTorch",
@@ -833,8 +960,9 @@ def fig_mlp(env, fig):
         acc_theirs = float((theirs(torch.from_numpy(Xte).to(env.dev)).argmax(1).cpu().numpy() == yte).mean())
     fig.notes += [f"Adam lr 3e-3, float32, the same initial weights and batches; each contestant trains "
                   f"{repeats + (not env.sim)} epochs. {TIMING_NOTE}",
-                  "The CUDA backend copies every op's operands to the device and its result back (chapter 07 "
-                  "keeps it simple), so this measures launches and copies more than arithmetic.",
+                  "The CUDA backend keeps tensors on the device (one upload per batch, no synchronize per op) "
+                  "and launches one Numba kernel per op from Python, where PyTorch launches its own from C++; "
+                  "at this size both measure launches more than arithmetic. Goal: at most 3x PyTorch's time.",
                   f"PyTorch runs on {env.dev}."]
     yield [" -> ".join(map(str, sizes)), len(chunks), ms(t["course"]), ms(t["torch"]),
            f"{t['course'] / t['torch']:.1f}x", f"{acc_ours:.3f}", f"{acc_theirs:.3f}"]
@@ -923,3 +1051,16 @@ def fig_attention(env, fig):
         tg = interleaved(env, {"sdpa": with_grad(sdpa), "fused": with_grad(fused)}, env.size(3, 1))
         yield [T, ms(t["sdpa"]), ms(t["fused"]), f"{t['fused'] / t['sdpa']:.1f}x",
                ms(tg["sdpa"]), ms(tg["fused"]), f"{tg['fused'] / tg['sdpa']:.1f}x"]
+
+
+# ---- other files of cases: every gpu_cases_*.py beside this one, in name order --------------------------
+
+def _more_cases():
+    import importlib
+    from pathlib import Path
+
+    for path in sorted(Path(__file__).resolve().parent.glob("gpu_cases_*.py")):
+        importlib.import_module(path.stem)
+
+
+_more_cases()

@@ -53,6 +53,9 @@ class _HostArray(np.ndarray):
     def copy_to_host(self, *args, **kwargs):
         return np.array(self)
 
+    def copy_to_device(self, ary, *args, **kwargs):
+        self[...] = np.asarray(ary).reshape(self.shape)
+
 
 def compile_instead_of_launching(cc, ptxas, results):
     """Patch numba-cuda so that a launch compiles the kernel to PTX and runs ptxas on it, and returns."""
@@ -83,6 +86,21 @@ def compile_instead_of_launching(cc, ptxas, results):
     dispatcher._Kernel.launch = launch
 
 
+def compile_the_ladder_at_gpu_sizes():
+    """The cases run the matmul ladder at the simulator's small tiles; the figure times it at the GPU's
+    (128 x 128 tiles, 8 x 8 per thread for 2D blocking), whose registers matter: compile those too."""
+    from course_lib.cuda import matmul
+
+    A = cuda.to_device(np.zeros((256, 256), np.float32))
+    refused = []
+    for step, (kernel, block, tile) in matmul.LADDER.items():
+        try:
+            kernel[matmul.grid_for((256, 256), tile), block](A, A, A)
+        except Exception as e:   # noqa: BLE001
+            refused.append(f"matmul/{step} at GPU sizes: {type(e).__name__}: {str(e).strip()[:200]}")
+    return refused
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="9.0", help="compute capability to compile for (9.0: H100, H200)")
@@ -98,9 +116,9 @@ def main(argv=None):
     compile_instead_of_launching(cc, ptxas, results)
 
     import gpu_cases
-    import gpu_verify
+    import gpu_report
 
-    env = gpu_cases.Env(True, gpu_verify.Budget(None))   # the simulator's small sizes: the types are the same
+    env = gpu_cases.Env(True, gpu_report.Budget(None))   # the simulator's small sizes: the types are the same
     env.sync = lambda: None
     only = [g for g in args.only.split(",") if g]
     refused = []
@@ -109,11 +127,13 @@ def main(argv=None):
             continue
         try:
             fn(env)
-        except gpu_verify.Skip:
+        except gpu_report.Skip:
             pass
         except Exception as e:   # noqa: BLE001  (nothing runs, so an error here comes from compiling)
             line = next((ln for ln in str(e).splitlines() if ln.strip()), "")
             refused.append(f"{group}/{name}: {type(e).__name__}: {line.strip()[:200]}")
+    if not only or "matmul" in only:
+        refused += compile_the_ladder_at_gpu_sizes()
     print(f"compiled for sm_{cc[0]}{cc[1]} (one line per kernel, with its most registers over its specializations):")
     by_name = {}
     for name, ok, what in results.values():

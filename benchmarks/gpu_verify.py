@@ -12,25 +12,35 @@ The course's CUDA code (chapters 07, 08, 10, 11) is written and tested on Numba'
 which runs each thread as Python and forgives what a GPU refuses. This script is the check on real
 hardware, in two parts:
 
-1. Correctness: each kernel in float32 (the chapter 07 scan in float64) on random inputs whose sizes
+1. Correctness: each kernel in float32 (the chapter 07 scan float64) on random inputs whose sizes
    are not multiples of a block, against PyTorch on the same GPU in float64. Each case prints PASS or
    FAIL with its largest error and the bound it must stay under. A case that raises is recorded as
    FAIL with its error's last line, and the run goes on. The exit status is 1 if any case failed.
-2. Figures: the tiled matmul against cuBLAS, the CUDA backend's digits-MLP epoch, the fused scan
-   against chapter 05's loop, the fused attention against scaled_dot_product_attention, the launch
-   limits, NCCL. Each kernel runs once before timing, so Numba's compile time is never counted.
+   Chapter 07's cases include every step of the matmul ladder at its GPU tile sizes, the registers
+   and local memory the dispatcher reports for each, and the device-resident backend (results left on
+   the device, the fused Adam against torch.optim, the digits MLP and the capstone GPT trained on it
+   against the numpy backend).
+2. Figures: the matmul ladder against cuBLAS (each step's GFLOP/s and share; goal: 2D blocking at
+   least 50% of cuBLAS at n = 4096), the CUDA backend's digits-MLP epoch against PyTorch (goal: at most
+   3x), the fused scan against chapter 05's loop, the fused attention against
+   scaled_dot_product_attention, the launch limits, NCCL. Each kernel runs once before timing, so
+   Numba's compile time is never counted.
 
 Progress is printed (flushed) case by case and the report is rewritten after each, so a run that is
 cut off still shows how far it got. Under --simulate (NUMBA_ENABLE_CUDASIM=1) the sizes are toys and
 the timings mean nothing: the run exists so that tests/test_gpu_verify.py keeps this script working.
-Without --simulate the device is chosen by course_lib.device (a GPU when the driver finds one).
+Without --simulate the device is chosen by course_lib.device (a GPU when the driver finds one); a GPU
+that is there but unusable fails the run with the reason, instead of passing as a simulated one.
 Before spending GPU time, `gpu_compile_only.py` compiles every kernel these cases launch for the GPU's
 architecture on a machine without one (it needs the CUDA toolkit's compilers).
 
-On the course's GPU machine, one call does it all (a few minutes, the .cu op's first build included;
-the report and the log come back in $OUT):
+The cases live in gpu_cases.py (and any gpu_cases_*.py beside it), registered with gpu_report's
+`@case` and `@figure`; the records (Check, Skip, the report) live in gpu_report.py, which both import.
 
-    set -o pipefail; PYTHONUNBUFFERED=1 PYTHONPATH=. python3 benchmarks/gpu_verify.py --time-budget 240 \
+On a GPU machine, one call does it all, in about 8 minutes on an H100 (the .cu op's first build
+included; the report and the log come back in $OUT):
+
+    set -o pipefail; PYTHONUNBUFFERED=1 PYTHONPATH=. python3 benchmarks/gpu_verify.py --time-budget 300 \
         --out $OUT/RESULTS_gpu.md 2>&1 | tee $OUT/gpu_verify.log
 """
 
@@ -44,118 +54,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))       # gpu_report and the files of cases
+
+from gpu_report import Budget, Check, Figure, Report, Result, Skip, _num, last_line, say  # noqa: E402, F401
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = ("puzzles", "matmul", "backend", "mlp", "custom_ops", "scan", "attention", "limits", "nccl")
-
-
-# ---- what a case returns, and how it is recorded ----------------------------------------------------
-
-class Skip(Exception):
-    """A case that cannot run here; the message says why (never skipped silently)."""
-
-
-@dataclass
-class Check:
-    """A correctness case's outcome: the largest error, the bound it must stay under, a note."""
-    err: float = 0.0
-    bound: float = 0.0
-    note: str = ""
-    status: str = ""          # "" means decided by err <= bound; "INFO" for a fact that is neither
-
-    def decide(self):
-        if self.status:
-            return self.status
-        return "PASS" if self.err <= self.bound else "FAIL"   # a nan error fails too
-
-
-@dataclass
-class Result:
-    group: str
-    name: str
-    status: str               # PASS, FAIL, SKIP or INFO
-    err: float = None
-    bound: float = None
-    note: str = ""
-    seconds: float = 0.0
-
-
-@dataclass
-class Figure:
-    """A table filled row by row; `skipped` lists what the time budget left out."""
-    group: str
-    title: str
-    header: list
-    rows: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-    skipped: list = field(default_factory=list)
-
-    def markdown(self):
-        lines = [f"### {self.title}", "", "| " + " | ".join(self.header) + " |",
-                 "|" + "---|" * len(self.header)]
-        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in self.rows]
-        lines += [""] + [f"{n}" for n in self.notes]
-        if self.skipped:
-            lines += ["", "Skipped (time budget spent): " + ", ".join(self.skipped) + "."]
-        return "\n".join(lines) + "\n"
-
-
-class Budget:
-    """Seconds left for figures; the correctness cases always run."""
-
-    def __init__(self, seconds):
-        self.start, self.seconds = time.monotonic(), seconds
-
-    def spent(self):
-        return self.seconds is not None and time.monotonic() - self.start > self.seconds
-
-
-class Report:
-    """The markdown report, rewritten whole after every case so a cut-off run leaves a valid file."""
-
-    def __init__(self, path, facts):
-        self.path, self.facts = Path(path), facts
-        self.results, self.figures = [], []
-
-    def counts(self):
-        return {s: sum(r.status == s for r in self.results) for s in ("PASS", "FAIL", "SKIP", "INFO")}
-
-    def write(self, finished=False):
-        c = self.counts()
-        lines = ["# The course's CUDA code on a real device", "",
-                 f"Written by `benchmarks/gpu_verify.py` on {self.facts['date']}"
-                 + ("." if finished else " (still running or cut off: the cases below are those done)."), ""]
-        lines += [f"- **{k}:** {v}" for k, v in self.facts.items() if k != "date"]
-        lines += ["", "## Correctness", "",
-                  "float32 inputs (the chapter 07 scan float64) of sizes that are not multiples of a block, "
-                  "against PyTorch in float64 on the device named above (the CPU when torch has no CUDA).", "",
-                  "| group | case | result | max error | bound | note |", "|---|---|---|---|---|---|"]
-        for r in self.results:
-            lines.append(f"| {r.group} | {r.name} | {r.status} | {_num(r.err)} | {_num(r.bound)} | "
-                         f"{r.note.replace('|', '/')} |")
-        lines += ["", f"**{c['PASS']} passed, {c['FAIL']} failed, {c['SKIP']} skipped, {c['INFO']} facts.**", "",
-                  "## Figures", ""]
-        lines += [f.markdown() for f in self.figures] or ["(none yet)"]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("\n".join(lines) + "\n")
-
-
-def _num(x):
-    return "" if x is None else f"{x:.1e}"
-
-
-def say(text):
-    print(text, flush=True)
-
-
-def last_line(exc):
-    """The last line of an exception's traceback: its type and message."""
-    lines = traceback.format_exception_only(type(exc), exc)
-    text = lines[-1].strip() if lines else repr(exc)
-    return text.splitlines()[0][:300]
 
 
 # ---- running --------------------------------------------------------------------------------------
@@ -299,7 +205,11 @@ def main(argv=None):
     from course_lib import device
 
     simulated = device.setup(verbose=False) == "simulator"
-    say(f"gpu_verify: {'simulator' if simulated else 'GPU'}; importing the course's CUDA modules ...")
+    say(f"gpu_verify: {'simulator' if simulated else 'GPU'}; {device.describe()}")
+    # A GPU that is there but unusable (a driver older than Numba's compiler, say) must not pass unnoticed
+    # as a simulated run: that is a failure of the run, with the reason course_lib.device found.
+    unusable = simulated and not args.simulate and device.gpu_present()
+    say("importing the course's CUDA modules ...")
     import gpu_cases
 
     info = facts(simulated)
@@ -319,6 +229,9 @@ def main(argv=None):
     say(f"report: {out}")
     if missing:
         report.results.append(Result("imports", "course modules", "FAIL", note="; ".join(missing)))
+    if unusable:
+        report.results.append(Result("device", "the GPU is used", "FAIL", note=device.describe()))
+        say(f"FAIL device: a GPU is present but kernels run on the simulator: {device.describe()}")
     run_cases([c for c in gpu_cases.CASES if c[0] in args.only], env, report, t0)
     run_figures([f for f in gpu_cases.FIGURES if f[0] in args.only], env, report, t0)
     report.write(finished=True)
@@ -329,9 +242,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    # Run as the module `gpu_verify`, not `__main__`, so that gpu_cases (which imports Check and Skip from
-    # gpu_verify) and this runner share one copy of those classes.
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import gpu_verify
-
-    sys.exit(gpu_verify.main())
+    sys.exit(main())

@@ -4,20 +4,28 @@ A solved exercise notebook is run as a learner runs it (from work/exercises/ of 
 workspace, on the course kernel), without its closing cells (those tagged "payoff"), so its
 checks pass and save the reference answers in work/yours/ exactly as a learner's passes would.
 That takes from seconds to a minute a chapter, and chapters 12 and 13 need the answers of 01, 02
-and 06 too, so each chapter is saved once per test process and every module gets a copy.
+and 06 too, so each chapter is saved once per test run (the first of xdist's workers to need it saves
+it, the other waits for it) and every module gets a copy. In `make test` it is not even run again:
+nbval has run the same notebook, payoff included, from the staged workspace (.learner-path), and once
+every cell of it has passed, its saves there are copied (`staged_run`; tests/worker_groups.py runs a
+chapter's solution notebook before its tests).
 
 Import this module as `import carried` (never also as `tests.carried`: a second copy of the module
 would keep a second set of saves).
 """
 
 import contextlib
+import fcntl
 import io
+import os
 import shutil
+from pathlib import Path
 
 import nbformat
 import pytest
 
-from course_lib import REPO_DIR, nbtools, yours
+from course_lib import REPO_DIR, yours
+from course_lib.course import nbtools
 from course_lib.learner import answers
 
 
@@ -53,29 +61,111 @@ def payoff_cells(chapter):
     return [c.source for c in nb.cells if c.cell_type == "code" and "payoff" in c.metadata.get("tags", [])]
 
 
-# Each chapter's reference answers are saved once per test process (a pytest session, or one xdist worker)
-# and kept here; a test module gets its own copy, and a test that may break a piece a copy of that.
+# make test's staged workspace, where nbval runs the solution notebooks as a learner's (read before any
+# fixture sets COURSE_WORKSPACE), and the nbval cells of each one not yet passed (None once one has failed).
+_STAGED = os.environ.get("COURSE_WORKSPACE")
+_PENDING = {}
+RAN = ".solutions-ran"    # a file per chapter whose staged solution notebook passed every cell
+
+
+def expect_solution_runs(items):
+    """Note the nbval cells of the staged solution notebooks among the collected items."""
+    if not _STAGED:
+        return
+    folder = (Path(_STAGED) / "exercises").resolve()
+    for item in items:
+        if item.path.suffix == ".ipynb" and item.path.resolve().parent == folder:
+            _PENDING.setdefault(item.path.name[:2], set()).add(item.nodeid)
+
+
+def solution_cell_ran(report):
+    """Called with every test report: once a staged solution notebook has passed every cell in this process,
+    mark it in the staged workspace, for every worker to see."""
+    for chapter, cells in _PENDING.items():
+        if cells and report.nodeid in cells:
+            if report.failed:
+                _PENDING[chapter] = None
+            elif report.when == "call" or report.skipped:
+                cells.discard(report.nodeid)
+                if not cells:
+                    (Path(_STAGED) / RAN).mkdir(exist_ok=True)
+                    (Path(_STAGED) / RAN / chapter).touch()
+            return
+
+
+class SolutionRuns:
+    """The pytest plugin that follows the staged solution notebooks' cells (registered by conftest.py)."""
+
+    def pytest_runtest_logreport(self, report):
+        solution_cell_ran(report)
+
+
+def staged_run(chapter):
+    """The workspace where nbval ran solutions/NN, unchanged, to the end with every cell passing (its checks
+    saved the answers there as a learner's passes do), or None."""
+    if not _STAGED:
+        return None
+    staged = Path(_STAGED)
+    notebook = staged / "exercises" / solution_notebook(chapter).name
+    if (staged / RAN / chapter).exists() and notebook.is_file() and \
+            notebook.read_bytes() == solution_notebook(chapter).read_bytes():
+        return staged
+    return None
+
+
+# Each chapter's reference answers are saved once per test run, in a folder all of xdist's workers share
+# (the parent of their temporary folders), under a lock; a process keeps the folders it has used here.
 _SAVED = {}
 
 
+def _shared_folder(tmp_path_factory):
+    """A folder of this test run that every xdist worker sees (its own temporary folder without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    folder = base.parent / f"carried-{run}" if run and os.environ.get("PYTEST_XDIST_WORKER") else base / "carried"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def _locked(path):
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)     # the other worker waits here while this one saves
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _saved_once(tmp_path_factory, chapter):
-    """The workspace where chapter NN's reference answers were saved, made on first use in this process."""
+    """The workspace where chapter NN's reference answers were saved, made by the first process to ask."""
     if chapter not in _SAVED:
-        work = tmp_path_factory.mktemp(f"saved{chapter}") / "work"
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("COURSE_WORKSPACE", str(work))
-            mp.delenv("COURSE_PROGRESS_FILE", raising=False)
-            save_reference(chapter, work)
-        others = [p.name for p in (work / "yours").glob("ch*.*") if not p.name.startswith(f"ch{chapter}.")]
-        assert not others, f"chapter {chapter}'s notebook saved other chapters' files too, {others}: " \
-                           "the chapters' saves can no longer be copied together; save them into one workspace"
+        shared = _shared_folder(tmp_path_factory)
+        work, done = shared / f"saved{chapter}" / "work", shared / f"saved{chapter}.done"
+        with _locked(shared / f"saved{chapter}.lock"):
+            if not done.exists():
+                shutil.rmtree(work, ignore_errors=True)
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setenv("COURSE_WORKSPACE", str(work))
+                    mp.delenv("COURSE_PROGRESS_FILE", raising=False)
+                    if staged := staged_run(chapter):
+                        (work / "yours").mkdir(parents=True)
+                        for name in (f"ch{chapter}.py", f"ch{chapter}.json"):
+                            shutil.copy(staged / "yours" / name, work / "yours" / name)
+                        assert answers.index(chapter), f"chapter {chapter}'s staged run saved nothing"
+                    else:
+                        save_reference(chapter, work)
+                others = [p.name for p in (work / "yours").glob("ch*.*") if not p.name.startswith(f"ch{chapter}.")]
+                assert not others, f"chapter {chapter}'s notebook saved other chapters' files too, {others}: " \
+                                   "the chapters' saves can no longer be copied together; save them into one workspace"
+                done.touch()
         _SAVED[chapter] = work
     return _SAVED[chapter]
 
 
 def saved_workspace(tmp_path_factory, *chapters, save=None):
     """A new workspace where the reference answers of `chapters` were saved as a learner's, each in its own
-    work/yours/chNN.py: copied from the process's saves (see `_saved_once`), or made by `save(work)` for a
+    work/yours/chNN.py: copied from the run's saves (see `_saved_once`), or made by `save(work)` for a
     chapter that saves only some exercises."""
     work = tmp_path_factory.mktemp(f"ch{'-'.join(chapters)}") / "work"
     with pytest.MonkeyPatch.context() as mp:

@@ -1,8 +1,11 @@
-"""Test-suite wiring: GPU-only tests are skipped visibly, and listed at the end of the run."""
+"""Test-suite wiring: GPU-only tests are skipped visibly, and listed at the end of the run; under xdist
+(`make test`), the tests run in groups, longest first (tests/worker_groups.py)."""
 
 import os
 
+import carried
 import pytest
+import worker_groups
 
 from course_lib import device
 from course_lib.fast.cache import drop_stale_kernels
@@ -11,8 +14,15 @@ from course_lib.fast.cache import drop_stale_kernels
 # choice once, so a test file whose imports (sorted by the linter) load numba.cuda first would
 # otherwise fix it too early.
 device.setup(verbose=False)
-# Numba's saved kernels, dropped if a file they inline changed since they were compiled (fast/cache.py).
+# Numba's saved kernels, of every package, dropped if a file they inline changed since they were compiled
+# (fast/cache.py).
 drop_stale_kernels()
+
+
+def pytest_configure(config):
+    # a plugin's hooks see every test's report (a conftest's, only those of tests below its folder): the
+    # staged solution notebooks' runs under nbval, whose saves carried.py copies
+    config.pluginmanager.register(carried.SolutionRuns(), "carried-solution-runs")
 
 
 def pytest_addoption(parser):
@@ -20,6 +30,9 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items[:] = worker_groups.longest_first(items)
+    carried.expect_solution_runs(items)
     if not config.getoption("--slow"):
         opt_in = pytest.mark.skip(reason="slow, opt-in: run with --slow (make sweep)")
         for item in items:
@@ -31,6 +44,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):     # the marker, not the keyword: a folder named gpu is a keyword too
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") == "loadfile":
+        return worker_groups.GroupScheduling(config, log)
 
 
 def pytest_terminal_summary(terminalreporter):

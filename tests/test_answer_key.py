@@ -44,7 +44,8 @@ from pathlib import Path
 import pytest
 from code_shape import MIN_TOKENS, REGION, normalize, rename, scaffolding, shape_of, shapes, significant
 
-from course_lib import REPO_DIR, answer_key, build, nbtools
+from course_lib import REPO_DIR, answer_key
+from course_lib.course import exercises, nbtools
 
 LIB = REPO_DIR / "course_lib"
 BANNER = re.compile(r"The course's answer to exercise (\d\d)\.(\d+) \(`(\w+)`\): read it once your check passes\.")
@@ -82,16 +83,16 @@ class Exercise:
 
 def find_exercises():
     found = []
-    for sol, ex in build.pairs():
+    for sol, ex in exercises.pairs():
         cells = nbtools.read(sol).cells
         regions, k, start = [], 0, 0
         for i, cell in enumerate(cells):
             if cell.cell_type != "code":
                 continue
-            if build.BEGIN in cell.source:
+            if exercises.BEGIN in cell.source:
                 regions += [(i, m.group(1)) for m in REGION.finditer(cell.source)]
-            if build.is_check(cell):
-                for name in build.CHECK_CALL.findall(cell.source):
+            if exercises.is_check(cell):
+                for name in exercises.CHECK_CALL.findall(cell.source):
                     k += 1
                     found.append(Exercise(sol.name[:2], k, name, sol, ex, start, i, regions))
                 regions, start = [], i + 1

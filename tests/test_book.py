@@ -31,7 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from course_lib import REPO_DIR, launch
+from course_lib import REPO_DIR
+from course_lib.course import links as launch
 
 pytestmark = [pytest.mark.book, pytest.mark.browser]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

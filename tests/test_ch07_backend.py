@@ -91,3 +91,83 @@ def test_batched_broadcast_matmul(rng, sa, sb):
 def test_matmul_of_transposed_float32(rng):
     a = data(rng, (9, 4), np.float32)
     same(cu.matmul(a.permute(1, 0), a), npb.matmul(a.permute(1, 0), a), rtol=1e-5, atol=1e-5)
+
+
+# ---- tensors that stay on the device -----------------------------------------------------------------
+
+def test_results_stay_on_the_device_until_the_host_reads_them(rng, monkeypatch):
+    import course_lib.tensor as ct
+    from course_lib.cuda import memory
+
+    reads = []
+    monkeypatch.setattr(memory.DeviceStorage, "copy_to_host",
+                        lambda self, _real=memory.DeviceStorage.copy_to_host: reads.append(self.size) or _real(self))
+    with ct.use_backend("cuda"):
+        x = ct.Tensor(rng.uniform(-1, 1, (7, 5)), requires_grad=True)
+        w = ct.Tensor(rng.uniform(-1, 1, (5, 3)), requires_grad=True)
+        loss = ((x @ w).relu() * 0.5 + 1.0).sum()
+        loss.backward()
+        assert all(isinstance(t.data.storage, memory.DeviceStorage) for t in (loss, x.grad, w.grad))
+        assert reads == []                                  # nothing came back while computing
+        value = loss.item()
+    assert reads == [1]                                     # .item() copies one number
+    X, W = x.numpy(), w.numpy()
+    np.testing.assert_allclose(value, (np.maximum(X @ W, 0) * 0.5 + 1.0).sum(), rtol=1e-12)
+
+
+def test_the_pool_reuses_freed_device_memory():
+    from course_lib.cuda import memory
+
+    a = memory.DeviceStorage.empty(123, np.float32)
+    array = a.array
+    del a                                                   # back to the pool
+    b = memory.DeviceStorage.empty(123, np.float32)
+    assert b.array is array
+    assert memory.DeviceStorage.empty(123, np.float64).array is not array
+
+
+def test_fused_adam_equals_the_tensor_formula(rng):
+    import course_lib.tensor as ct
+
+    """One group, then two with different weight decays (one decay per parameter, as chapter 12 trains)."""
+    p0, q0 = rng.uniform(-1, 1, 37), rng.uniform(-1, 1, 11)
+    grads = [(rng.uniform(-1, 1, 37), rng.uniform(-1, 1, 11)) for _ in range(3)]
+    for two_groups in (False, True):
+        out = {}
+        for name in ("numpy", "cuda"):
+            p, q = ct.Tensor(p0, requires_grad=True), ct.Tensor(q0, requires_grad=True)
+            groups = [{"params": [p]}, {"params": [q], "weight_decay": 0.0}] if two_groups else [p, q]
+            opt = ct.optim.AdamW(groups, lr=1e-2, weight_decay=0.1)
+            with ct.use_backend(name):
+                for gp, gq in grads:
+                    p.grad, q.grad = ct.Tensor(gp), ct.Tensor(gq)
+                    opt.step()
+            out[name] = np.concatenate([p.numpy(), q.numpy()])
+        np.testing.assert_allclose(out["cuda"], out["numpy"], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.slow
+def test_the_capstone_gpt_trains_like_the_numpy_backend():
+    """Chapter 12's GPT, AdamW (two groups of weight decay) and clipping, two steps: the losses agree to float32
+    rounding. About 15 s on the simulator (300 launches a step), so opt-in (--slow); a GPU runs a bigger one
+    in benchmarks/gpu_verify.py."""
+    import torch
+
+    from course_lib.capstone import GPT, configure_optimizer, train_step
+    from course_lib.gpt import TrainConfig, make_get_batch
+    from course_lib.gpt.model import GPT as TorchGPT
+    from course_lib.gpt.model import GPTConfig
+    from course_lib.tensor import use_backend
+
+    config = GPTConfig(vocab_size=11, block_size=6, n_layer=1, n_head=2, n_embd=8, dropout=0.0)
+    cfg = TrainConfig(batch_size=2, warmup_iters=1)
+    tokens = np.random.default_rng(1).integers(0, 11, 300)
+    losses = {}
+    for name in ("numpy", "cuda"):
+        torch.manual_seed(1)
+        model = GPT.from_torch(TorchGPT(config))
+        opt = configure_optimizer(model, cfg)
+        get_batch = make_get_batch(tokens, config.block_size, cfg.batch_size, seed=1)
+        with use_backend(name):
+            losses[name] = [float(train_step(model, opt, *get_batch("train"), cfg.grad_clip)) for _ in range(2)]
+    np.testing.assert_allclose(losses["cuda"], losses["numpy"], rtol=1e-5)

@@ -10,7 +10,7 @@ from course_lib.cuda import LaunchError, launch
 from course_lib.cuda import matmul as M
 from course_lib.cuda import puzzles as P
 from course_lib.cuda import scan as S
-from course_lib.cuda.trace import KernelTraceError, trace
+from course_lib.cuda.trace import KernelTraceError, sanitize, trace
 
 
 @pytest.fixture
@@ -58,13 +58,74 @@ def test_prefix_sum_any_length(n, seed):
     assert np.allclose(P.prefix_sum(a), np.cumsum(a))
 
 
-@pytest.mark.parametrize("m, k, n", [(19, 21, 18), (5, 3, 17), (17, 16, 6)])
+@pytest.mark.parametrize("m, k, n", [(19, 21, 18), (5, 3, 17)])
 def test_matmuls_against_numpy(rng, m, k, n):
     A = rng.standard_normal((m, k)).astype(np.float32)
     B = rng.standard_normal((k, n)).astype(np.float32)
     ref = A.astype(np.float64) @ B
-    assert np.allclose(M.matmul(A, B, M.k_matmul_naive, (8, 8)), ref, atol=1e-4)
-    assert np.allclose(M.matmul(A, B), ref, atol=1e-4)
+    ladder = M.small_ladder()
+    for step in ladder:
+        assert np.allclose(M.matmul(A, B, step, ladder), ref, atol=1e-4), step
+
+
+def test_the_ladder_at_gpu_sizes_is_right_on_one_block_of_each():
+    """The kernels gpu_verify times, at their own tile sizes, on shapes that are not multiples of them
+    (one block of each on the simulator: a few hundred threads)."""
+    rng = np.random.default_rng(11)
+    for step, (kernel, block, tile) in M.LADDER.items():
+        if step == "coalesced":
+            continue
+        m, n, k = tile[0] - 3, tile[1] - 5, 13
+        A, B = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+        assert np.allclose(M.matmul(A, B, step), A.astype(np.float64) @ B, atol=1e-4), step
+
+
+def test_the_tracer_names_a_planted_race_with_both_threads_and_the_line():
+    TPB = 8
+
+    @cuda.jit
+    def rotate_racy(a, out):
+        t = cuda.threadIdx.x
+        buf = cuda.shared.array(TPB, float32)
+        buf[t] = a[cuda.grid(1)]
+        out[cuda.grid(1)] = buf[(t + 1) % TPB]          # no barrier: slot t + 1 may not be written yet
+
+    a = np.arange(16, dtype=np.float32)
+    t = trace(rotate_racy, 2, TPB, a=a, out=np.zeros_like(a))
+    races = t.races()
+    assert len(races) == 16                            # every slot of both blocks
+    text = t.describe_race(races[0])
+    assert "buf (shared, block 0)[0]" in text and "thread 0 writes it" in text and "thread 7 reads it" in text
+    assert "`buf[t] = a[cuda.grid(1)]`" in text and "`out[cuda.grid(1)] = buf[(t + 1) % TPB]`" in text
+    assert "races: 16, first: buf" in str(t.profile())
+    assert trace(P.k_pool3, 2, P.TPB, a=np.ones(40), out=np.zeros(40)).races() == []
+
+
+def test_the_tracer_reports_a_global_race_and_out_of_bounds_without_stopping():
+    @cuda.jit
+    def last_writer_wins(a, out):
+        out[0] = a[cuda.grid(1)]                        # every thread of the block writes out[0]
+
+    t = sanitize(last_writer_wins, 1, 8, a=np.arange(6.0), out=np.zeros(1))
+    p = t.profile()
+    assert len(p.out_of_bounds) == 2 and "a[6] by thread (6,)" in p.out_of_bounds[0]
+    assert len(p.races) == 1 and "out[0]" in p.races[0] and "writes it" in p.races[0]
+
+
+def test_profile_counts_the_ladder_properties():
+    rng = np.random.default_rng(2)
+    A, B = rng.standard_normal((32, 16)).astype(np.float32), rng.standard_normal((16, 32)).astype(np.float32)
+    counts = {}
+    for step, (kernel, block, tile) in M.small_ladder().items():
+        t = trace(kernel, M.grid_for((32, 32), tile), block, A=A, B=B, C=np.zeros((32, 32), np.float32))
+        counts[step] = t.profile(multiply_adds=32 * 32 * 16)
+    assert counts["coalesced"].per_multiply_add(counts["coalesced"].global_loads) == 2
+    assert counts["tiled"].per_multiply_add(counts["tiled"].global_loads) == 2 / 8
+    assert counts["tiled"].per_multiply_add(counts["tiled"].shared_loads) == 2
+    assert counts["1D blocking"].per_multiply_add(counts["1D blocking"].shared_loads) == 1 + 1 / 4
+    assert counts["2D blocking"].per_multiply_add(counts["2D blocking"].shared_loads) == 1 / 4 + 1 / 4
+    assert all(p.bank_conflicts == 0 and not p.races for p in counts.values())
+    assert counts["2D blocking"].transactions_per_flop() < counts["tiled"].transactions_per_flop()
 
 
 def test_selective_scan_matches_sequential_reference(rng):

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.fused import scan_cuda
-from course_lib.fused.fastexp import exp_neg
+from course_lib.fused import models, scan_cuda
 from course_lib.fused.scan_op import selective_scan, selective_scan_fused
 from course_lib.mamba import Mamba, MambaCache, MambaConfig
 from course_lib.mamba.scan import scan_kernel, selective_scan_sequential
+from course_lib.simd.fastexp import exp_neg
 
 NAMES = ("x", "delta", "A", "B", "C", "D")
 
@@ -92,23 +92,25 @@ def random_mamba(scan, selective):
 @pytest.mark.parametrize("selective", [True, False])   # False: Δ, B, C are expanded (non-contiguous) constants
 def test_mamba_with_the_fused_scan_gives_the_same_logits_state_and_gradients(selective):
     idx = torch.randint(0, 29, (2, 23), generator=torch.Generator().manual_seed(1))
-    models = {scan: random_mamba(scan, selective) for scan in ("fused", "sequential")}
-    losses = {scan: model(idx, targets=idx)[1] for scan, model in models.items()}
-    torch.testing.assert_close(losses["fused"], losses["sequential"], rtol=1e-5, atol=1e-5)
-    for loss in losses.values():
-        loss.backward()
-    for (name, p), q in zip(models["fused"].named_parameters(), models["sequential"].parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s: f"{name}: {s}")   # noqa: B023
-    with torch.no_grad():                          # the final state (return_state), then 3 recurrent steps
-        logits = {}
-        for scan, model in models.items():
-            cache = MambaCache(2)
-            logits[scan] = torch.cat([model(idx, cache=cache)[0], model(idx[:, :3], cache=cache)[0]], 1)
+    mambas = {scan: random_mamba(scan, selective) for scan in ("fused", "sequential")}
+    with models.running():                         # chapter 10's kernels plugged in
+        losses = {scan: model(idx, targets=idx)[1] for scan, model in mambas.items()}
+        torch.testing.assert_close(losses["fused"], losses["sequential"], rtol=1e-5, atol=1e-5)
+        for loss in losses.values():
+            loss.backward()
+        for (name, p), q in zip(mambas["fused"].named_parameters(), mambas["sequential"].parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s: f"{name}: {s}")   # noqa: B023
+        with torch.no_grad():                      # the final state (return_state), then 3 recurrent steps
+            logits = {}
+            for scan, model in mambas.items():
+                cache = MambaCache(2)
+                logits[scan] = torch.cat([model(idx, cache=cache)[0], model(idx[:, :3], cache=cache)[0]], 1)
     torch.testing.assert_close(logits["fused"], logits["sequential"], rtol=1e-5, atol=1e-5)
 
 
 def test_a_kernel_of_ones_own_plugs_into_mamba():
-    """scan_kernel(fn) makes fn the "fused" scan inside the block, and only there."""
+    """scan_kernel(fn) makes fn the "fused" scan inside the block, and only there: outside, chapter 05's
+    Mamba has no fused kernel and says so."""
     model = random_mamba("fused", True)
     idx = torch.randint(0, 29, (2, 11), generator=torch.Generator().manual_seed(3))
     calls = []
@@ -121,7 +123,10 @@ def test_a_kernel_of_ones_own_plugs_into_mamba():
         with scan_kernel(mine):
             logits = model(idx)[0]
         assert calls == [(2, 11, 24)] * 2                       # one call per layer (d_inner = 2 * d_model)
-        torch.testing.assert_close(model(idx)[0], logits, rtol=1e-5, atol=1e-5)   # the course's kernel again
+        with pytest.raises(RuntimeError, match="scan_kernel"):
+            model(idx)
+        with models.running():
+            torch.testing.assert_close(model(idx)[0], logits, rtol=1e-5, atol=1e-5)   # the course's kernel
     assert len(calls) == 2
 
 

@@ -1,13 +1,21 @@
-"""Chapter 11's checks pass on the reference and reject the usual mistakes, including those that get the values
-right and the point of the exercise wrong: a ring that passes whole tensors, a DDP that all-reduces after
-backward, a ZeRO that keeps the whole optimizer state on every rank, a collective that autograd cannot see,
-an MLP that every rank holds whole.
+"""Chapter 11's checks test what the chapter teaches, and accept every correct answer.
+
+For each exercise, the default run proves both sides:
+- rejected, with the right numbers and the property wrong: a ring that passes whole tensors, or gathers on
+  rank 0; a DDP that all-reduces after backward, one that sends one ready bucket per landing gradient (`if`,
+  not `while`), one whose buckets close only strictly above bucket_bytes, one whose buckets follow the
+  forward order (nothing overlaps); a ZeRO that keeps the whole state on every rank, or all of it on rank 0;
+  f and g outside autograd, or changing the tensor they are handed; an MLP that every rank holds whole, or
+  whose partial sums meet in a bare all-reduce;
+- accepted, correct and written differently: a ring that turns the other way with blocking, parity-ordered
+  messages; a DDP whose buckets fill in the order the gradients land and travel pre-divided; a ZeRO that deals
+  whole tensors out to the ranks (as PyTorch's ZeroRedundancyOptimizer does); f and g built on all_gather;
+  an MLP with its own slice arithmetic; and the course's own answers in course_lib/distributed.
 
 Each check launches worker processes (forked from a server that has imported torch: under a second each,
-after the first), so the default run tries each check on two or three wrong implementations; the tests
-marked slow (make sweep) add the references at world sizes 2, 3 and 4 and more mistakes. The
-implementations are written as a learner would write them in a notebook (module __main__), so they reach
-the workers as source, the way the learner's do.
+after the first). The tests marked slow (make sweep) run the references at world sizes 2, 3 and 4 and more
+mistakes. The implementations are written as a learner would write them in a notebook (module __main__), so
+they reach the workers as source, the way the learner's do.
 """
 
 import contextlib
@@ -22,7 +30,7 @@ import torch.nn.functional as F
 from checking import expect_failure, expect_pass
 
 from course_lib.checks import ch11 as check
-from course_lib.distributed import Code
+from course_lib.distributed import Code, collectives, ddp, tensor_parallel, zero
 
 
 def notebook(obj):
@@ -122,19 +130,57 @@ def not_yet(tensor):
     raise NotImplementedError
 
 
-def test_ring_check():
-    expect_failure(check.ring_all_reduce, ring_without_all_gather, match="all-gather")
+@notebook
+def ring_the_other_way(tensor):
+    """A correct ring written differently: it sends to the left and receives from the right, with blocking
+    sends and receives ordered by the rank's parity, over chunks of ceil(n/p) numbers (the last ones shorter)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat, n = tensor.view(-1), tensor.numel()
+    width = -(-n // p)
+    chunk = [flat[min(c * width, n):min((c + 1) * width, n)] for c in range(p)]
+    left, right = (rank - 1) % p, (rank + 1) % p
+    for phase in range(2):
+        for s in range(p - 1):
+            out = chunk[(rank + s + 1 - phase) % p]
+            into = chunk[(rank + s + 2 - phase) % p]
+            got = torch.empty_like(into)
+            if rank % 2 == 0:
+                if out.numel():
+                    dist.send(out.clone(), left)
+                if got.numel():
+                    dist.recv(got, right)
+            else:
+                if got.numel():
+                    dist.recv(got, right)
+                if out.numel():
+                    dist.send(out.clone(), left)
+            if phase == 0:
+                into += got
+            else:
+                into.copy_(got)
+    return tensor
+
+
+def test_ring_check_rejects_the_right_sum_sent_the_wrong_way():
     expect_failure(check.ring_all_reduce, ring_passing_whole_tensors, match="never the whole tensor")
     expect_failure(check.ring_all_reduce, through_rank_0, match="one neighbour")
+    expect_failure(check.ring_all_reduce, ring_without_all_gather, match="all-gather")
+
+
+def test_ring_check_accepts_another_ring_and_the_courses():
+    expect_pass(check.ring_all_reduce, ring_the_other_way)
+    expect_pass(check.ring_all_reduce, collectives.ring_all_reduce)
 
 
 # ---- 2. DDP --------------------------------------------------------------------------------------
 
 class Ddp(nn.Module):
-    """A correct DDP whose class attributes switch on one mistake each (subclasses below)."""
+    """A correct DDP (buckets in reverse parameter order) whose class attributes switch on one mistake each
+    (subclasses below)."""
 
     reverse, broadcast, during_backward, asynchronous, divide_in_hook, early, quiet_counts = (
         True, True, True, True, False, False, False)
+    flush_every_ready_bucket, strictly_above = True, False
 
     def __init__(self, module, bucket_bytes=25 * 2**20):
         super().__init__()
@@ -148,7 +194,7 @@ class Ddp(nn.Module):
         for t in params[::-1] if self.reverse else params:
             current.append(t)
             size += t.numel() * t.element_size()
-            if size >= bucket_bytes:
+            if (size > bucket_bytes) if self.strictly_above else (size >= bucket_bytes):
                 self.buckets.append(current)
                 current, size = [], 0
         if current:
@@ -167,23 +213,24 @@ class Ddp(nn.Module):
         self.counts[self.index[param]] += 1
         if not self.syncing or not self.during_backward:
             return
-        self.send_ready()
-
-    def send_ready(self):
         i = len(self.sent)
         while i < len(self.buckets) and self.counts[i] >= len(self.buckets[i]) - self.early:
-            flat = torch.cat([(t.grad if t.grad is not None else torch.zeros_like(t)).reshape(-1)
-                              for t in self.buckets[i]])
-            if self.divide_in_hook:
-                flat /= dist.get_world_size()
-            work = dist.all_reduce(flat, async_op=self.asynchronous)
-            self.sent.append((i, flat, work))
+            self.send(i)
             i += 1
+            if not self.flush_every_ready_bucket:
+                break
+
+    def send(self, i):
+        flat = torch.cat([(t.grad if t.grad is not None else torch.zeros_like(t)).reshape(-1)
+                          for t in self.buckets[i]])
+        if self.divide_in_hook:
+            flat /= dist.get_world_size()
+        work = dist.all_reduce(flat, async_op=self.asynchronous)
+        self.sent.append((i, flat, work))
 
     def finish(self):
-        if not self.during_backward:
-            self.counts = [len(b) for b in self.buckets]
-            self.send_ready()
+        while len(self.sent) < len(self.buckets):   # what the hooks left: everything, when they send nothing
+            self.send(len(self.sent))
         for i, flat, work in self.sent:
             if work is not None:
                 work.wait()
@@ -207,12 +254,20 @@ class DdpAllReducingAfterBackward(Ddp):
     during_backward = False        # the right gradients; nothing overlaps the backward
 
 
-class DdpAveragingTwice(Ddp):
-    divide_in_hook = True
+class DdpFlushingOneBucketPerGradient(Ddp):
+    flush_every_ready_bucket = False   # `if`, not `while`: right when gradients land in reverse order, late otherwise
+
+
+class DdpClosingAboveTheSize(Ddp):
+    strictly_above = True          # a bucket that reaches bucket_bytes exactly stays open for one more tensor
 
 
 class DdpBucketsInForwardOrder(Ddp):
-    reverse = False
+    reverse = False                # the right gradients; the first bucket waits for the last gradient to land
+
+
+class DdpAveragingTwice(Ddp):
+    divide_in_hook = True
 
 
 class DdpWithoutBroadcast(Ddp):
@@ -237,16 +292,71 @@ class DdpSendingInsideNoSync(Ddp):
         yield                      # a no-op: every micro-batch is all-reduced
 
 
-def test_ddp_check():
+class DdpInLandingOrder(nn.Module):
+    """A correct DDP written differently: its buckets fill in the order the gradients land, whatever the order
+    of the parameters (as PyTorch's DDP rebuilds them after its first step); every gradient is divided by the
+    world size before it travels; the broadcast sends one flat tensor."""
+
+    def __init__(self, module, bucket_bytes=25 * 2**20):
+        super().__init__()
+        self.module, self.bucket_bytes = module, bucket_bytes
+        self.params = [t for t in module.parameters() if t.requires_grad]
+        with torch.no_grad():
+            flat = torch.cat([t.reshape(-1) for t in self.params])
+            dist.broadcast(flat, 0)
+            torch.nn.utils.vector_to_parameters(flat, self.params)
+        for t in self.params:
+            t.register_post_accumulate_grad_hook(self.landed)
+        self.accumulating = False
+        self.open, self.nbytes, self.count, self.flying = [], 0, 0, []
+
+    def forward(self, *args):
+        return self.module(*args)
+
+    def landed(self, t):
+        if self.accumulating:
+            return
+        self.open.append(t)
+        self.nbytes += t.numel() * t.element_size()
+        self.count += 1
+        if self.nbytes >= self.bucket_bytes or self.count == len(self.params):
+            flat = torch.cat([u.grad.reshape(-1) for u in self.open]) / dist.get_world_size()
+            self.flying.append((self.open, flat, dist.all_reduce(flat, async_op=True)))
+            self.open, self.nbytes = [], 0
+
+    def finish(self):
+        for bucket, flat, work in self.flying:
+            work.wait()
+            torch.nn.utils.vector_to_parameters(flat, [t.grad for t in bucket])
+        self.flying, self.count = [], 0
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.accumulating = True
+        try:
+            yield
+        finally:
+            self.accumulating = False
+
+
+def test_ddp_check_rejects_the_right_numbers_sent_at_the_wrong_time():
     expect_failure(check.ddp, code(DdpAllReducingAfterBackward), match="no bucket was sent during backward")
-    expect_failure(check.ddp, code(DdpAveragingTwice), match="divided by the world size twice")
-    expect_failure(check.ddp, code(DdpBucketsInForwardOrder), match="reverse order")
+    expect_failure(check.ddp, code(DdpFlushingOneBucketPerGradient), match="were complete but only")
+    expect_failure(check.ddp, code(DdpClosingAboveTheSize), match="before its last tensor")
+    expect_failure(check.ddp, code(DdpBucketsInForwardOrder), match="none of the communication overlapped")
+
+
+def test_ddp_check_accepts_other_bucket_orders_and_the_courses():
+    expect_pass(check.ddp, code(DdpInLandingOrder))
+    expect_pass(check.ddp, code(Ddp))
+    expect_pass(check.ddp, ddp.DDP)
 
 
 # ---- 3. ZeRO-1 -----------------------------------------------------------------------------------
 
 class Zero:
-    """A correct ZeRO-1 wrapper whose class attributes switch on one mistake each (subclasses below)."""
+    """A correct ZeRO-1 wrapper (flat shards of ceil(N/p)) whose class attributes switch on one mistake each
+    (subclasses below)."""
 
     whole_state, gather, off_by_one, fixed_class = False, True, 0, None
 
@@ -307,9 +417,63 @@ class ZeroAlwaysAdamW(Zero):
     fixed_class = torch.optim.AdamW
 
 
-def test_zero_check():
-    expect_failure(check.zero_optimizer, code(ZeroWithWholeState), match="its own shard only, 1/p of it")
-    expect_failure(check.zero_optimizer, code(ZeroWithoutAllGather), match="all-gather")
+class ZeroOnRankZero:
+    """The right numbers, all of the state on one rank: rank 0 updates everything and broadcasts it."""
+
+    def __init__(self, params, optimizer_class, **defaults):
+        self.params = list(params)
+        self.optimizer = optimizer_class(self.params, **defaults) if dist.get_rank() == 0 else None
+
+    def zero_grad(self):
+        for t in self.params:
+            t.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        if self.optimizer is not None:
+            self.optimizer.step()
+        for t in self.params:
+            dist.broadcast(t, 0)
+
+
+class ZeroPerTensor:
+    """A correct ZeRO-1 written differently, as PyTorch's ZeroRedundancyOptimizer shards: whole tensors dealt out,
+    the largest first, each to the rank that holds the fewest numbers so far; each rank steps its own tensors
+    in place (no copy, no padding) and broadcasts them; a rank dealt nothing makes no optimizer."""
+
+    def __init__(self, params, optimizer_class, **defaults):
+        self.params = [t for t in params if t.requires_grad]
+        load = [0] * dist.get_world_size()
+        self.owner = {}
+        for t in sorted(self.params, key=lambda t: -t.numel()):
+            rank = load.index(min(load))
+            self.owner[t] = rank
+            load[rank] += t.numel()
+        mine = [t for t in self.params if self.owner[t] == dist.get_rank()]
+        self.local = optimizer_class(mine, **defaults) if mine else None
+
+    def zero_grad(self):
+        for t in self.params:
+            t.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        if self.local is not None:
+            self.local.step()
+        for t in self.params:
+            dist.broadcast(t, self.owner[t])
+
+
+def test_zero_check_rejects_the_right_numbers_with_the_state_not_split():
+    expect_failure(check.zero_optimizer, code(ZeroWithWholeState), match="keeps")
+    expect_failure(check.zero_optimizer, code(ZeroOnRankZero), match="rank 0 keeps")
+    expect_failure(check.zero_optimizer, code(ZeroWithoutAllGather), match="differ from rank 0's")
+
+
+def test_zero_check_accepts_any_split_of_the_state_and_the_courses():
+    expect_pass(check.zero_optimizer, code(ZeroPerTensor))
+    expect_pass(check.zero_optimizer, code(Zero))
+    expect_pass(check.zero_optimizer, zero.ZeroOptimizer)
 
 
 # ---- 4. f and g ----------------------------------------------------------------------------------
@@ -386,10 +550,47 @@ class FSummingItsGradient(CopyToParallel):
         return grad
 
 
-def test_f_and_g_check():
+class CopyByClone(torch.autograd.Function):
+    """A correct f written differently: a copy forward; backward, the ranks' gradients gathered and added."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        pieces = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, grad.contiguous())
+        return torch.stack(pieces).sum(0)
+
+
+class ReduceByGather(torch.autograd.Function):
+    """A correct g written differently: forward, the ranks' partial results gathered and added."""
+
+    @staticmethod
+    def forward(ctx, x):
+        pieces = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, x.contiguous())
+        return torch.stack(pieces).sum(0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.clone()
+
+
+def test_f_and_g_check_rejects_the_right_numbers_out_of_autograd_or_in_place():
     expect_failure(check.f_and_g, BareF, BareG, match="not a torch.autograd.Function")
-    expect_failure(check.f_and_g, code(CopyToParallel), code(GSummingInBackwardToo), match="backward is the identity")
-    expect_failure(check.f_and_g, code(FSummingInForward), code(GSummingInBackward), match="forward is the identity")
+    expect_failure(check.f_and_g, code(CopyToParallel), code(GSummingItsInput), match="changed its input")
+    expect_failure(check.f_and_g, code(CopyToParallel), code(GSummingInBackwardToo),
+                   match="summed over the ranks where the partial sums meet")
+    expect_failure(check.f_and_g, code(FSummingInForward), code(GSummingInBackward),
+                   match="summed over the ranks where x enters")
+
+
+def test_f_and_g_check_accepts_other_collectives_and_the_courses():
+    expect_pass(check.f_and_g, Code(HEADER + inspect.getsource(CopyByClone), "CopyByClone"),
+                Code(HEADER + inspect.getsource(ReduceByGather), "ReduceByGather"))
+    expect_pass(check.f_and_g, tensor_parallel.CopyToParallel, tensor_parallel.ReduceFromParallel)
 
 
 # ---- 5. the tensor-parallel MLP ------------------------------------------------------------------
@@ -445,10 +646,40 @@ class MlpBiasBeforeTheSum(Mlp):
     bias_after = False
 
 
-def test_parallel_mlp_check():
+class MlpWrittenDifferently(nn.Module):
+    """A correct tensor-parallel MLP written differently: its own slice arithmetic, parameters set whole (no copy
+    under no_grad), F.linear throughout, and the bias added after g in its own step."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        width, p, rank = mlp.c_fc.out_features, dist.get_world_size(), dist.get_rank()
+        per, extra = divmod(width, p)
+        lo = rank * per + min(rank, extra)
+        hi = lo + per + (rank < extra)
+        self.c_fc = nn.Linear(mlp.c_fc.in_features, hi - lo).to(mlp.c_fc.weight.dtype)
+        self.c_proj = nn.Linear(hi - lo, mlp.c_proj.out_features).to(mlp.c_proj.weight.dtype)
+        self.c_fc.weight = nn.Parameter(mlp.c_fc.weight.detach()[lo:hi].clone())
+        self.c_fc.bias = nn.Parameter(mlp.c_fc.bias.detach()[lo:hi].clone())
+        self.c_proj.weight = nn.Parameter(mlp.c_proj.weight.detach()[:, lo:hi].clone())
+        self.c_proj.bias = nn.Parameter(mlp.c_proj.bias.detach().clone())
+        self.dropout = mlp.dropout
+
+    def forward(self, x):
+        hidden = F.gelu(F.linear(CopyToParallel.apply(x), self.c_fc.weight, self.c_fc.bias), approximate="tanh")
+        total = ReduceFromParallel.apply(F.linear(hidden, self.c_proj.weight))
+        total = total + self.c_proj.bias
+        return self.dropout(total)
+
+
+def test_parallel_mlp_check_rejects_the_right_numbers_without_the_split_or_g():
     expect_failure(check.parallel_mlp, code(MlpWithBareAllReduce), match="holds no ReduceFromParallel")
     expect_failure(check.parallel_mlp, code(MlpWholeOnEveryRank), match="every rank holds the whole MLP")
-    expect_failure(check.parallel_mlp, code(MlpBiasBeforeTheSum), match="bias once")
+    expect_failure(check.parallel_mlp, code(MlpBiasBeforeTheSum), match="counts p times")
+
+
+def test_parallel_mlp_check_accepts_another_mlp_and_the_courses():
+    expect_pass(check.parallel_mlp, code(MlpWrittenDifferently))
+    expect_pass(check.parallel_mlp, tensor_parallel.ParallelMLP)
 
 
 # ---- the sweep: the references pass, and more mistakes are caught, at world sizes 2, 3 and 4 ---------
@@ -458,7 +689,9 @@ def test_parallel_mlp_check():
 def test_checks_pass_on_the_references(worlds, monkeypatch):
     monkeypatch.setenv("COURSE_WORLD_SIZES", worlds)
     expect_pass(check.ring_all_reduce, ring)
-    expect_pass(check.ddp, code(Ddp))
+    expect_pass(check.ring_all_reduce, ring_the_other_way)
+    expect_pass(check.ddp, code(DdpInLandingOrder))
+    expect_pass(check.zero_optimizer, code(ZeroPerTensor))
     expect_pass(check.zero_optimizer, code(Zero))
     expect_pass(check.f_and_g, code(CopyToParallel), code(ReduceFromParallel))
     expect_pass(check.parallel_mlp, code(Mlp))
@@ -475,17 +708,20 @@ def test_more_mistakes_are_caught(worlds, monkeypatch):
     if p > 2:   # at p = 2 both neighbours are the same rank, and rank 0's link carries what a ring's does
         expect_failure(check.ring_all_reduce, through_rank_0, match="one neighbour")
         expect_failure(check.ring_all_reduce, ring_passing_whole_tensors, match="never the whole tensor")
-    expect_failure(check.ddp, code(DdpAllReducingAfterBackward), match="no bucket was sent during backward")
+    expect_failure(check.ddp, code(DdpFlushingOneBucketPerGradient), match="were complete but only")
+    expect_failure(check.ddp, code(DdpClosingAboveTheSize), match="before its last tensor")
+    expect_failure(check.ddp, code(DdpAveragingTwice), match="divided by the world size twice")
     expect_failure(check.ddp, code(DdpWithoutBroadcast), match="is not rank 0's")
     expect_failure(check.ddp, code(DdpBlocking), match="async_op=False")
-    expect_failure(check.ddp, code(DdpFlushingEarly), match="before its last gradient")
-    expect_failure(check.ddp, code(DdpCountingInsideNoSync), match="before its last gradient")
+    expect_failure(check.ddp, code(DdpFlushingEarly), match="had landed")
+    expect_failure(check.ddp, code(DdpCountingInsideNoSync), match="had landed")
     expect_failure(check.ddp, code(DdpSendingInsideNoSync), match="no_sync")
-    expect_failure(check.zero_optimizer, code(ZeroWithWholeState), match="1/p")
+    expect_failure(check.zero_optimizer, code(ZeroWithWholeState), match="keeps")
+    expect_failure(check.zero_optimizer, code(ZeroOnRankZero), match="rank 0 keeps")
     expect_failure(check.zero_optimizer, code(ZeroShardOffByOne), match="differ from torch.optim")
     expect_failure(check.zero_optimizer, code(ZeroAlwaysAdamW), match="differ from torch.optim.AdamW")
     expect_failure(check.f_and_g, code(FWithIdentityBackward), code(ReduceFromParallel),
-                   match="sums the gradients over the ranks")
+                   match="x fed every rank's slice")
     expect_failure(check.f_and_g, code(CopyToParallel), code(GSummingItsInput), match="changed its input")
     expect_failure(check.f_and_g, code(FSummingItsGradient), code(ReduceFromParallel), match="changed the gradient")
     expect_failure(check.parallel_mlp, code(MlpWithoutF), match="CopyToParallel")

@@ -21,7 +21,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from course_lib import REPO_DIR, __version__, cli, colab, device, launch, nbtools
+from course_lib import REPO_DIR, __version__, device
+from course_lib.course import colab, commands, links, nbtools
 
 NOTEBOOKS = [p for folder in ("notebooks", "solutions", "exercises")
              for p in sorted((REPO_DIR / folder).glob("[0-9][0-9]_*.ipynb"))]
@@ -38,42 +39,42 @@ def _cell(nb, cell_id):
 # ---- the cells in every notebook ----------------------------------------------------------------
 
 def test_launch_cells_and_badges_are_up_to_date():
-    stale = launch.update(check_only=True)
+    stale = links.update(check_only=True)
     assert not stale, f"out of date: {[p.name for p in stale]}; run `course build`"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_every_notebook_opens_in_colab_and_binder(path):
     nb = nbtools.read(path)
-    setup = _cell(nb, launch.SETUP_ID)
+    setup = _cell(nb, links.SETUP_ID)
     first_code = next(c for c in nb.cells if c.cell_type == "code")
     assert first_code is setup, f"{path.name}: the Colab cell must be the first code cell"
     assert {"nbval-skip", "remove-cell"} <= set(setup.metadata["tags"])
-    assert setup.source == launch.setup_source() and not setup.get("outputs")
+    assert setup.source == links.setup_source() and not setup.get("outputs")
     opened_as = ("notebooks/" if path.parent.name == "notebooks" else "exercises/") + path.name
-    links = _cell(nb, launch.LINKS_ID).source
-    assert launch.colab_url(opened_as) in links and launch.binder_url(opened_as) in links
+    text = _cell(nb, links.LINKS_ID).source
+    assert links.colab_url(opened_as) in text and links.binder_url(opened_as) in text
 
 
 def test_links_are_built_from_the_repository_setting(tmp_path):
-    owner, name = launch.repository()
+    owner, name = links.repository()
     assert PROJECT["urls"]["Repository"].rstrip("/").endswith(f"/{owner}/{name}")
-    assert launch.colab_url("notebooks/07_cuda.ipynb") == (
+    assert links.colab_url("notebooks/07_cuda.ipynb") == (
         f"https://colab.research.google.com/github/{owner}/{name}/blob/main/notebooks/07_cuda.ipynb")
-    assert launch.binder_url("exercises/07_cuda.ipynb").endswith("?labpath=work%2Fexercises%2F07_cuda.ipynb")
+    assert links.binder_url("exercises/07_cuda.ipynb").endswith("?labpath=work%2Fexercises%2F07_cuda.ipynb")
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n[project.urls]\nRepository = "https://example.org/x"\n')
     with pytest.raises(ValueError, match="github.com/OWNER/NAME"):
-        launch.repository(tmp_path)
+        links.repository(tmp_path)
 
 
 def test_inserting_the_cells_twice_changes_nothing(tmp_path):
     path = REPO_DIR / "notebooks" / "00_welcome.ipynb"
     nb = nbtools.read(path)
-    nb.cells = [c for c in nb.cells if c.get("id") not in (launch.LINKS_ID, launch.SETUP_ID)]
-    once = launch.with_launch_cells(nb, path)
-    twice = launch.with_launch_cells(once, path)
+    nb.cells = [c for c in nb.cells if c.get("id") not in (links.LINKS_ID, links.SETUP_ID)]
+    once = links.with_launch_cells(nb, path)
+    twice = links.with_launch_cells(once, path)
     assert nbtools.dumps(once) == nbtools.dumps(twice) == path.read_text(encoding="utf-8")
-    assert [c.get("id") for c in once.cells[1:3]] == [launch.LINKS_ID, launch.SETUP_ID]
+    assert [c.get("id") for c in once.cells[1:3]] == [links.LINKS_ID, links.SETUP_ID]
 
 
 # ---- the cell, with google.colab faked ----------------------------------------------------------
@@ -89,14 +90,14 @@ def calls(monkeypatch):
 
 def test_the_cell_does_nothing_outside_colab(calls, monkeypatch):
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
-    exec(launch.setup_source(), {})
+    exec(links.setup_source(), {})
     assert calls == []
 
 
 def test_in_colab_the_cell_installs_the_library_from_the_notebooks_branch(calls, monkeypatch):
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-    exec(launch.setup_source(), {})
-    owner, name = launch.repository()
+    exec(links.setup_source(), {})
+    owner, name = links.repository()
     assert calls == [
         ("run", [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                  f"course_lib @ https://github.com/{owner}/{name}/archive/refs/heads/main.zip"]),
@@ -138,10 +139,10 @@ def test_colab_setup_says_when_the_library_is_not_the_notebooks_version(monkeypa
 
 
 def test_installed_library_says_which_commands_need_a_local_setup(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "CHECKOUT", False)
+    monkeypatch.setattr(commands, "CHECKOUT", False)
     for command in ("status", "build", "stage", "execute"):
         argv = [command] + (["x"] if command in ("stage", "execute") else [])
-        assert cli.main(argv) == 2
+        assert commands.main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"`course {command}` needs a local setup") and len(err.splitlines()) == 1
 
@@ -198,7 +199,7 @@ def test_the_versions_the_cell_installs_are_the_courses_where_colab_allows():
     for name, version in {**VERSIONS["install"], **VERSIONS["install-if-missing"]}.items():
         if version != pins[canonicalize_name(name)]:
             # only where the header explains why the course's own pin does not install there
-            header = (REPO_DIR / "course_lib/colab_versions.toml").read_text().split("checked =")[0]
+            header = (REPO_DIR / "course_lib/course/colab_versions.toml").read_text().split("checked =")[0]
             assert f"{name} {pins[canonicalize_name(name)]}" in header, f"{name}: {version} on Colab, unexplained"
 
 
@@ -268,4 +269,4 @@ def test_binder_builds_the_conda_environment_and_sets_the_course_up():
     assert post.stat().st_mode & 0o111, "postBuild must be executable"
     assert [line for line in post.read_text().splitlines() if line and not line.startswith("#")] == [
         "set -euo pipefail", "course setup"]
-    assert "labpath=work%2F" in launch.binder_url("notebooks/00_welcome.ipynb")
+    assert "labpath=work%2F" in links.binder_url("notebooks/00_welcome.ipynb")

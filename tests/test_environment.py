@@ -6,26 +6,28 @@ import tomllib
 from course_lib import REPO_DIR
 
 
-def _pip_lines_of_environment_yml():
-    lines, inside = [], False
+def _environment_yml():
+    """(conda packages, pip lines) of environment.yml."""
+    conda, pip, section = [], [], None
     for raw in (REPO_DIR / "environment.yml").read_text().splitlines():
         line = raw.split(" #")[0].rstrip()
-        if line.strip() == "- pip:":
-            inside = True
-            continue
-        if inside and line.strip().startswith("- "):
-            lines.append(line.strip()[2:].strip())
-    return [l for l in lines if not l.startswith("-e")]
+        if line and not line.startswith((" ", "-")):
+            section = line.rstrip(":")                  # channels, dependencies
+        elif line.strip() == "- pip:":
+            section = "pip"
+        elif line.strip().startswith("- ") and section in ("dependencies", "pip"):
+            (pip if section == "pip" else conda).append(line.strip()[2:].strip())
+    return conda, pip
 
 
-def _normalise(req):
-    return re.sub(r"\s+", "", req).replace('"', "'").lower()
-
-
-def test_environment_yml_matches_pyproject():
+def test_environment_yml_installs_the_library_with_every_pinned_group():
+    """pyproject.toml is the one list of pins: environment.yml installs the library with all its optional
+    groups through pip, and asks conda only for Python and what pip cannot install."""
     project = tomllib.loads((REPO_DIR / "pyproject.toml").read_text())["project"]
-    pip = project["dependencies"] + project["optional-dependencies"]["test"] + project["optional-dependencies"]["book"]
-    assert sorted(map(_normalise, pip)) == sorted(map(_normalise, _pip_lines_of_environment_yml()))
+    conda, pip = _environment_yml()
+    assert pip == [f"-e .[{','.join(sorted(project['optional-dependencies']))}]"], pip
+    assert conda == ["python=3.11", "graphviz", "pip"], conda
+    assert project["requires-python"] == ">=3.11"
 
 
 def test_every_dependency_is_pinned():

@@ -88,17 +88,13 @@ def test_the_walk_sees_a_cycle(tmp_path):
 
 
 # Chapter order: chapter NN's code may use chapters 1..NN, never a later one. A later chapter plugs into
-# an earlier one through a declared entry: a backend registered by name, or the default of a plug-in point.
+# an earlier one through a declared entry: a backend registered by name, or a plug-in point's context
+# manager (gpt.model.attention_kernel, mamba.scan.scan_kernel) that the later chapter's code enters.
 CHAPTER = {"autograd": 1, "tensor": 2, "graph": 3, "gpt": 4, "mamba": 5, "fast": 6, "cuda": 7,
-           "custom_ops": 8, "infer": 9, "fused": 10, "distributed": 11, "capstone": 12, "compiler": 13}
+           "custom_ops": 8, "infer": 9, "fused": 10, "simd": 10, "distributed": 11, "capstone": 12, "compiler": 13}
 
-# (importer, imported): why the earlier chapter may name the later one. Nothing else may.
-LATER_CHAPTER_ALLOWED = {
-    ("course_lib.gpt.model", "course_lib.fused.attention_op"):
-        "GPTConfig(fused=True) outside an `attention_kernel(...)` block runs chapter 10's kernel, imported on first use",
-    ("course_lib.mamba.scan", "course_lib.fused.scan_op"):
-        "the 'fused' scan outside a `scan_kernel(...)` block is chapter 10's kernel, imported on first use",
-}
+# (importer, imported): why the earlier chapter may name the later one. Nothing else may, and nothing does.
+LATER_CHAPTER_ALLOWED = {}
 REGISTRIES = {"register_backend"}   # calls whose string arguments name a later chapter's module by design
 
 

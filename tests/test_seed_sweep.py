@@ -1,5 +1,5 @@
 """The checks against wrong implementations, under 50 seeds: every mistake must be caught on
-every draw, not on a lucky one. Opt-in (about 10 minutes on 2 cores): `make sweep`."""
+every draw, not on a lucky one. Opt-in (it runs those files 50 times): `make sweep`."""
 
 import os
 import subprocess

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 import pytest
 from code_shape import REGION, normalize, shapes, significant
 
-from course_lib import REPO_DIR, build, nbtools
+from course_lib import REPO_DIR
+from course_lib.course import exercises as build
+from course_lib.course import nbtools
 
 DETAILS = re.compile(r"<details>\s*<summary>(.*?)</summary>(.*?)</details>", re.S | re.I)
 

@@ -85,7 +85,7 @@ def installed(tmp_path_factory):
 
 def test_the_wheel_carries_what_the_notebooks_read(installed):
     _, _, site = installed
-    for name in ["course_lib/colab_versions.toml", "course_lib/benchmarks/RESULTS.md",
+    for name in ["course_lib/course/colab_versions.toml", "course_lib/benchmarks/RESULTS.md",
                  "course_lib/benchmarks/ch09_onnx_conformance.md", "course_lib/benchmarks/ch07_matmul_gpu.py"]:
         assert (site / name).is_file(), f"the wheel lacks {name}"
 
@@ -105,7 +105,7 @@ def test_a_notebook_copied_alone_runs_on_the_installed_wheel(installed, tmp_path
     nb = nbformat.read(str(REPO_DIR / source), as_version=4)
     # a last cell that says where the library and the files it read came from
     nb.cells.append(nbformat.v4.new_code_cell(
-        "import course_lib\nfrom course_lib.resources import benchmark_file\n"
+        "import course_lib\nfrom course_lib.course.resources import benchmark_file\n"
         "print('LIBRARY', course_lib.__file__, course_lib.CHECKOUT)\nprint('FILE', benchmark_file('RESULTS.md'))"))
     nbformat.write(nb, str(folder / name))
     run = _run(python, env, f"""
@@ -128,7 +128,7 @@ def test_a_notebook_copied_alone_runs_on_the_installed_wheel(installed, tmp_path
 def test_commands_that_need_the_course_folder_say_so(installed, tmp_path):
     python, env, _ = installed
     for command in ("build", "status"):   # the others share the code path (tests/test_colab.py)
-        run = subprocess.run([str(python), "-m", "course_lib.cli", command], cwd=tmp_path, env=env,
+        run = subprocess.run([str(python), "-m", "course_lib.course.commands", command], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 2, run.stdout + run.stderr
         message = run.stderr.strip()

@@ -6,8 +6,9 @@ import functools
 import nbformat
 import pytest
 
-from course_lib import REPO_DIR, cli, nbtools, yours
+from course_lib import REPO_DIR, yours
 from course_lib.checks import CheckFailed
+from course_lib.course import commands, nbtools
 from course_lib.learner import answers
 
 SETUP = "from course_lib.checks import ch00 as check\nTWO = 2"
@@ -39,7 +40,7 @@ def test_pass_saves_fail_keeps_and_a_wrong_piece_is_named(workspace, tmp_path, c
     nb = run_in_exercises(workspace, SETUP, GOOD, CHECK)
     assert not errors(nb)
     assert "could not be saved" not in str(nb.cells[-1].outputs)
-    cli.main(["status"])
+    commands.main(["status"])
     row = next(line for line in capsys.readouterr().out.splitlines() if "numerical_derivative" in line)
     assert "yours" in row and "passed" in row
     saved = answers.module_path("00")

@@ -10,8 +10,9 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib import device, launch, nbtools
+from course_lib import device
 from course_lib.checks import CheckFailed
+from course_lib.course import links, nbtools
 from course_lib.learner import answers
 from course_lib.tensor.backend import get_backend
 from course_lib.tensor.numpy_backend import backend as numpy_backend
@@ -25,7 +26,7 @@ def save_exercises(workspace, exercises=EXERCISES):
     """Run solutions/07's set-up cells and the named exercises (solution and check) as the learner's."""
     nb = nbformat.read(carried.solution_notebook("07"), as_version=4)
     first = next(i for i, c in enumerate(nb.cells)
-                 if c.cell_type == "markdown" and i > 0 and c.get("id") != launch.LINKS_ID)  # past the launch links
+                 if c.cell_type == "markdown" and i > 0 and c.get("id") != links.LINKS_ID)  # past the launch links
     cells = nb.cells[:first]
     for i, c in enumerate(nb.cells):
         if "check" in c.metadata.get("tags", []) and c.source.startswith(tuple(f"check.{e}(" for e in exercises)):

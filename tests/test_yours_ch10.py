@@ -55,9 +55,9 @@ def test_the_models_call_the_learners_kernels_forward_and_backward(learner, monk
         mamba(idx, targets=idx)[1].backward()
     assert sorted(calls) == ["flash_backward"] * 2 + ["flash_forward"] * 2 + ["fused_scan"] * 2   # 2 layers each
     assert all(p.grad is not None for p in list(gpt.parameters()) + list(mamba.parameters()))
-    with torch.no_grad():
-        gpt(idx)
-    assert calls.count("flash_forward") == 2                   # outside the block: the course's kernel again
+    with torch.no_grad(), pytest.raises(RuntimeError, match="attention_kernel"):
+        gpt(idx)                                               # outside the block: no fused kernel at all
+    assert calls.count("flash_forward") == 2
 
 
 def test_the_gpt_on_the_learners_op_equals_sdpa(learner):

@@ -1,68 +1,79 @@
-"""Training the capstone GPT: chapter 04's recipe (course_lib/gpt/trainer.py), on course_lib.tensor.
+"""The course's answers to exercises 12.12 (`checkpoint`) and 12.13 (`train`): read them once your checks pass.
 
-The loop, the optimizer's groups, the schedule, clipping and evaluation are chapter 04's, written once;
-what this chapter passes in is its library, `COURSE`: the course's AdamW, clip_grad_norm_ and no_grad.
-Batches come from chapter 04's `make_get_batch` (torch LongTensors, read by the GPT as numpy arrays).
-
-`compare_training` runs chapter 04's PyTorch GPT and this one side by side: the same initial
-weights, the same batches, the same schedule; it returns both loss curves.
-
-    history = train(model, get_batch, TrainConfig(max_iters=500))
+The loop is chapter 04's (gpt/trainer.py: the same history, evaluation every eval_interval steps and at
+the end), and each step is the recipe's own `gpt.trainer.train_step` on the library `lib` names. A
+checkpoint holds everything the next step reads: the weights, the optimizer's moments and steps, and the
+state of the generator that draws the batches; so a run resumed from it goes on exactly as if it had never
+stopped.
 """
 
-import numpy as np
-import torch
+import pickle
 
-from course_lib.capstone.model import GPT
-from course_lib.gpt import make_get_batch, trainer
-from course_lib.gpt.model import GPT as TorchGPT
-from course_lib.gpt.trainer import TORCH, Library, TrainConfig, lr_at, set_lr
-from course_lib.tensor import no_grad, optim
-
-COURSE = Library("course_lib.tensor", optim.AdamW, optim.clip_grad_norm_, no_grad)
+from course_lib.capstone.optim import lr_at
+from course_lib.gpt.trainer import train_step
 
 
-def configure_optimizer(model, cfg):
-    """Chapter 04's AdamW groups (decay the matrices only), as the course's optim.AdamW."""
-    return trainer.configure_optimizer(model, cfg, COURSE)
+def save_checkpoint(path, it, model, optimizer, batches):
+    """The course's answer to exercise 12.12 (`checkpoint`): read it once your check passes.
+
+    The number of steps done, the weights, the optimizer's state and the batches' generator, pickled."""
+    state = {"iter": it, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "batches": batches.rng.bit_generator.state}
+    with open(path, "wb") as f:
+        pickle.dump(state, f)
 
 
-def train_step(model, optimizer, x, y, grad_clip=1.0):
-    """Chapter 04's step (forward, backward, clipping, update) with the course's clipping. Returns the loss."""
-    return trainer.train_step(model, optimizer, x, y, grad_clip, COURSE)
+def load_checkpoint(path, model, optimizer, batches):
+    """The course's answer to exercise 12.12 (`checkpoint`): read it once your check passes.
+
+    Puts back what save_checkpoint kept; returns the number of steps done."""
+    with open(path, "rb") as f:
+        state = pickle.load(f)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    batches.rng.bit_generator.state = state["batches"]
+    return state["iter"]
 
 
-def estimate_loss(model, get_batch, eval_iters):
-    """Chapter 04's evaluation, under the course's no_grad."""
-    return trainer.estimate_loss(model, get_batch, eval_iters, COURSE)
+def evaluate(model, batches, eval_iters, lib):
+    """Mean loss over eval_iters batches of each split, in eval mode, with no graph recorded."""
+    model.eval()
+    with lib.no_grad():
+        means = {split: sum(float(model(*batches.get(split))[1]) for _ in range(eval_iters)) / eval_iters
+                 for split in ("train", "val")}
+    model.train()
+    return means
 
 
-def train(model, get_batch, cfg: TrainConfig, make_optimizer=configure_optimizer, progress=False):
-    """Chapter 04's `train` for the course GPT; returns the same history (iter, lr, loss, eval_iter,
-    train_loss, val_loss, ms_per_iter). make_optimizer(model, cfg) makes the optimizer (chapter 12's
-    payoff passes one whose update is yours)."""
-    return trainer.train(model, get_batch, cfg, progress, make_optimizer(model, cfg), COURSE)
+def train(model, optimizer, batches, cfg, lib, checkpoint=None, save_every=0, resume=False):
+    """The course's answer to exercise 12.13 (`train`): read it once your check passes.
 
+    Steps from 0 (or from the checkpoint's step, with resume) to cfg.max_iters: an evaluation first when
+    the step is a multiple of cfg.eval_interval, the learning rate of the schedule, a batch, the recipe's
+    step; a checkpoint after every save_every-th step; a last evaluation at the end. Returns chapter 04's
+    history (iter, lr, loss; eval_iter, train_loss, val_loss)."""
+    history = {"iter": [], "lr": [], "loss": [], "eval_iter": [], "train_loss": [], "val_loss": []}
 
-def compare_training(config, cfg: TrainConfig, tokens, steps, dtype=np.float64, seed=1337, gpt=GPT,
-                     make_optimizer=configure_optimizer, keep=None):
-    """Train chapter 04's PyTorch GPT and the capstone GPT side by side for `steps` steps from the same
-    initial weights on the same batches; returns (torch losses, course losses), one per step.
+    def log_evaluation(it):
+        means = evaluate(model, batches, cfg.eval_iters, lib)
+        history["eval_iter"].append(it)
+        history["train_loss"].append(means["train"])
+        history["val_loss"].append(means["val"])
 
-    The course GPT (`gpt`, a class like GPT, with `make_optimizer(model, cfg)`) runs on the current
-    backend of course_lib.tensor. A dict `keep` receives the two trained models ("torch", "course")."""
-    torch.manual_seed(seed)
-    reference = TorchGPT(config).to(torch.float64 if dtype == np.float64 else torch.float32)
-    ours = gpt.from_torch(reference)
-    losses = {"torch": [], "course": []}
-    runs = (("torch", reference, TORCH, trainer.configure_optimizer), ("course", ours, COURSE, make_optimizer))
-    for name, model, lib, make_opt in runs:
-        get_batch = make_get_batch(tokens, config.block_size, cfg.batch_size, seed=seed)  # the same batches
-        optimizer = make_opt(model, cfg)
-        model.train()
-        for it in range(steps):
-            set_lr(optimizer, lr_at(it, cfg))
-            losses[name].append(trainer.train_step(model, optimizer, *get_batch("train"), cfg.grad_clip, lib))
-        if keep is not None:
-            keep[name] = model
-    return losses["torch"], losses["course"]
+    start = load_checkpoint(checkpoint, model, optimizer, batches) if resume else 0
+    model.train()
+    for it in range(start, cfg.max_iters):
+        if cfg.eval_interval and it % cfg.eval_interval == 0:
+            log_evaluation(it)
+        lr = lr_at(it, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, y = batches.get("train")
+        loss = train_step(model, optimizer, x, y, cfg.grad_clip, lib)
+        history["iter"].append(it)
+        history["lr"].append(lr)
+        history["loss"].append(float(loss))
+        if checkpoint is not None and save_every and (it + 1) % save_every == 0:
+            save_checkpoint(checkpoint, it + 1, model, optimizer, batches)
+    log_evaluation(cfg.max_iters)
+    return history

@@ -4,9 +4,15 @@ FlashAttention forward and backward in Numba, the forward as a CUDA kernel, and 
 The oracles are written another way: definitions over whole rows (the update), chapter 05's
 sequential scan and a numpy loop over every state (the scan), PyTorch's scaled_dot_product_attention
 and its autograd (attention), all in float64. Each kernel's outputs arrive filled with NaN, so an
-element nobody wrote shows up. And the property the chapter teaches is checked too: `tracemalloc`
-sees every array numpy or a Numba kernel allocates, on any thread and any OS, so a kernel that keeps
-an (L, N) history of states or builds a (T, T) matrix of scores fails with the size it allocated.
+element nobody wrote shows up. And the properties the chapter teaches are checked too, in ways that
+do not depend on the machine or its thread count:
+- memory: `tracemalloc` sees every array numpy or a Numba kernel allocates, on any thread and any OS. The
+  scan's scratch must not grow with L, the forward's must not grow with Tk (at fixed tiles, with one
+  query tile, so that the thread count cannot change it), the backward's must not grow like T^2;
+- causal tiles left unread: NaN planted in the keys and values (and, for the backward, the queries and
+  output gradients) of tiles that no query sees must not reach the rows that cannot see them, whatever
+  the masking style, since 0 * NaN is NaN;
+- the online softmax's running max: scores far below zero, where any other start than -inf underflows.
 """
 
 import itertools
@@ -17,11 +23,11 @@ import torch.nn.functional as F
 
 from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng
 from course_lib.checks.ch05 import scan_inputs  # chapter 05's random scan inputs, the same here
-from course_lib.memory import peak_bytes
+from course_lib.memory import growth, peak_bytes
 
 
 def _mb(n):
-    return f"{n / 1e6:.2f} MB"
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
 
 
 def _nan(shape, dtype=np.float64):
@@ -75,6 +81,20 @@ def _update_cases():
     return cases
 
 
+def _update_mistakes(m, l, acc, s, v, m_new, l_new, acc_new):
+    """{"l": {hint: l}, "acc": {hint: acc}} of the usual mistakes, from the definitions and the right new state:
+    the old part of a sum left where it was, or moved the wrong way, the tile's terms on the wrong max, acc
+    divided by l."""
+    tile = np.exp(s - m_new[:, None])                      # this tile's terms, on the new max
+    stale = "when the max rises, what was summed before still counts as if on the old max: lesson 10, section 5"
+    inverted = "the old part of the sum grew when the max rose; it should shrink (lesson 10, section 5's picture)"
+    return {"l": {stale: l + tile.sum(1), inverted: l * np.exp(m_new - m) + tile.sum(1),
+                  "the tile's own terms are not taken relative to the new max": l_new - tile.sum(1) + np.exp(s).sum(1)},
+            "acc": {stale: acc + tile @ v, inverted: acc * np.exp(m_new - m)[:, None] + tile @ v,
+                    "acc came out divided by l: acc is a running sum, the division waits for the last tile":
+                        acc_new / l_new[:, None]}}
+
+
 @exercise
 def online_softmax_update(your_online_softmax_update):
     """One tile of the online softmax: the updated (m, l, acc) against the definitions over all scores seen."""
@@ -85,22 +105,14 @@ def online_softmax_update(your_online_softmax_update):
         m_exp, l_exp, acc_exp = _state_of(np.concatenate([old_s, s], 1), np.concatenate([old_v, v], 0))
         inputs = {"m": m, "l": l, "acc": acc, "scores": s, "values": v}
         with np.errstate(all="ignore"):
-            m_tile = s.max(1)
-            alpha = np.exp(m - m_exp)
-            p = np.exp(s - m_exp[:, None])
+            wrong = _update_mistakes(m, l, acc, s, v, m_exp, l_exp, acc_exp)
             assert_close(out[0], m_exp, what="m, the new running max", rtol=1e-12, atol=1e-12, inputs=inputs,
-                         mistakes={"the running max must also remember the old m: max(m, max of the tile)": m_tile})
+                         mistakes={"the new max forgot the old m: it is the max of every score seen so far":
+                                   s.max(1)})
             assert_close(out[1], l_exp, what="l, the new running sum", rtol=1e-9, atol=1e-12, inputs=inputs,
-                         mistakes={"rescale the old sum: l was taken relative to the old max, multiply it by "
-                                   "exp(m_old - m_new) before adding the tile": l + p.sum(1),
-                                   "the factor is exp(m_old - m_new), not exp(m_new - m_old)": l / alpha + p.sum(1),
-                                   "subtract the new max inside the exp: exp(scores - m_new)": alpha * l + np.exp(s).sum(1)})
+                         mistakes=wrong["l"])
             assert_close(out[2], acc_exp, what="acc, the new running sum of exp(s - m) v", rtol=1e-9, atol=1e-12,
-                         inputs=inputs,
-                         mistakes={"rescale the old accumulator too: multiply acc by exp(m_old - m_new)": acc + p @ v,
-                                   "acc keeps the sum, not the average: do not divide by l inside the update":
-                                       (alpha[:, None] * acc + p @ v) / l_exp[:, None],
-                                   "the factor is exp(m_old - m_new), not exp(m_new - m_old)": acc / alpha[:, None] + p @ v})
+                         inputs=inputs, mistakes=wrong["acc"])
     return "6 tiles: the first one, a rising max, huge and masked scores, 3 random"
 
 
@@ -144,7 +156,7 @@ def _run_scan(kernel, args, chunk, dtype):
 @exercise
 def fused_scan(your_fused_scan):
     """The fused selective scan kernel: y, the last state and the checkpoints against chapter 05's scan and
-    a numpy loop over every state (float64), float32 too; then the memory it allocates at L = 4096."""
+    a numpy loop over every state (float64), float32 too; then what it allocates as L grows."""
     from course_lib.mamba.scan import selective_scan_sequential
 
     cases = [(1, 1, 2, 3, 4), (2, 13, 3, 5, 4), (1, 9, 4, 1, 1), (1, 6, 2, 2, 8)]
@@ -155,26 +167,28 @@ def fused_scan(your_fused_scan):
         x, delta, A, Bm, Cm, Dk = args
         y, h_last, ckpt = _run_scan(your_fused_scan, args, chunk, np.float64)
         what = f"for (b, L, D, N) = {(b, L, D, N)} and chunk = {chunk}"
-        _require_written(y, f"y {what}", "every (batch, channel) pair writes y at every step: a prange over b * D pairs")
+        _require_written(y, f"y {what}", "y arrived full of NaN: some (batch, channel) pairs or some steps were "
+                         "never written")
         states = _scan_states(x, delta, A, Bm)
         expected = selective_scan_sequential(*(torch.from_numpy(a) for a in args)).numpy()
         assert_close(y, expected, what=f"y {what}", rtol=1e-9, atol=1e-12, inputs={"x": x, "delta": delta, "A": A}, mistakes={
-            "the state is not carried from step to step: h_t = exp(delta_t A) h_(t-1) + ..., with h kept "
-            "between steps": _readout(_scan_states(x, delta, A, Bm, carry=False), Cm, x, Dk),
-            "the D skip is missing: y_t = C_t . h_t + D x_t": _readout(states, Cm, x, Dk, skip=False),
-            "you forgot the exp: the state decays by exp(delta_t A)":
+            "the state is not carried from one step to the next: each step starts again from zero":
+                _readout(_scan_states(x, delta, A, Bm, carry=False), Cm, x, Dk),
+            "the D skip is missing from y": _readout(states, Cm, x, Dk, skip=False),
+            "the state decays by delta_t A itself, not by its exponential":
                 _readout(_scan_states(x, delta, A, Bm, exp=False), Cm, x, Dk),
-            "the input term is delta_t x_t B_t; you left out delta":
+            "the input term lacks delta: it is delta_t x_t B_t":
                 _readout(_scan_states(x, delta, A, Bm, delta_in_b=False), Cm, x, Dk)})
-        _require_written(h_last, f"h_last {what}", "write each pair's state after its last step into h_last[b, d]")
+        _require_written(h_last, f"h_last {what}", "every pair's last state belongs in h_last")
         assert_close(h_last, states[:, -1], what=f"h_last, the state after the last step, {what}", rtol=1e-9, atol=1e-12,
-                     mistakes={"h_last is the state after the last step, L - 1": states[:, -2] if L > 1 else 0 * h_last})
-        _require_written(ckpt, f"ckpt {what}", f"checkpoint c is the state before step c * chunk: every chunk-th step "
-                         f"(t % chunk == 0, t = 0 included), ceil(L / chunk) = {ckpt.shape[1]} of them")
+                     mistakes={"h_last is one step behind: it is the state after the last step":
+                               states[:, -2] if L > 1 else 0 * h_last})
+        _require_written(ckpt, f"ckpt {what}", f"ceil(L / chunk) = {ckpt.shape[1]} checkpoints per pair, the first one "
+                         "at step 0")
         assert_close(ckpt, _checkpoints(states, chunk), what=f"ckpt, the state before every chunk-th step, {what}",
                      rtol=1e-9, atol=1e-12, mistakes={
-                         "save the checkpoint before the step's update: ckpt[b, t // chunk, d] holds h_(t-1) "
-                         "(zeros for t = 0), the state the backward restarts from": _checkpoints(states, chunk, after=True)})
+                         "the checkpoints hold the state after their step; the backward restarts a chunk from the "
+                         "state before its first step": _checkpoints(states, chunk, after=True)})
     args = scan_inputs(2, 50, 8, 16)
     y, h_last, ckpt = _run_scan(your_fused_scan, args, 16, np.float32)
     require(y.dtype == np.float32, "float32 inputs must give float32 outputs")
@@ -183,23 +197,33 @@ def fused_scan(your_fused_scan):
         scale = np.abs(exp).max()
         assert_close(got / scale, exp / scale, what=f"{name} in float32 (divided by its largest value), (b, L, D, N) = "
                      "(2, 50, 8, 16)", rtol=0, atol=1e-5, hint="float32 work must stay float32, with float32 states")
-    _scan_memory(your_fused_scan)
-    return f"{len(cases)} shapes (L = 1, L not a multiple of the chunk, chunk = 1) in float64, one in float32, and memory"
+    Ls = _scan_memory(your_fused_scan)
+    return (f"{len(cases)} shapes (L = 1, L not a multiple of the chunk, chunk = 1) in float64, one in float32, and "
+            f"scratch memory flat from L = {Ls[0]} to {Ls[-1]}")
+
+
+def _least_peak(run, repeats=2):
+    """The smallest of a few peaks of run(): other threads' timing can only add to a peak."""
+    run()                                                    # compiled already, or compiled here
+    return min(peak_bytes(run, warm_up=False) for _ in range(repeats))
 
 
 def _scan_memory(kernel):
-    b, L, D, N, chunk = 1, 4096, 4, 16, 64
-    args = scan_inputs(b, L, D, N)
-    outputs = (_nan((b, L, D)), _nan((b, D, N)), _nan((b, L // chunk, D, N)))
-    inputs = tuple(np.ascontiguousarray(a) for a in args)
-    kernel(*inputs, *outputs, chunk)                         # compiled already; warm
-    peak = peak_bytes(lambda: kernel(*inputs, *outputs, chunk), warm_up=False)
-    history = L * N * 8
-    require(peak < history // 4,
-            f"your kernel allocated {_mb(peak)} at its peak for one call at (b, L, D, N) = {(b, L, D, N)}, float64. "
-            f"One (L, N) history of one channel's states is {_mb(history)}, the whole (b, L, D, N) {_mb(history * D)}.",
-            hint="the fused scan keeps only the N numbers of each pair's current state (a local array, updated in "
-                 "place) and writes y, h_last and the checkpoints into the arrays it is given; it stores no history.")
+    """What the kernel allocates must not grow with L: one pair needs only its current state."""
+    b, D, N, chunk, Ls = 1, 3, 16, 64, (256, 1024, 4096)
+    peaks = []
+    for L in Ls:
+        inputs = tuple(np.ascontiguousarray(a) for a in scan_inputs(b, L, D, N))
+        outputs = (_nan((b, L, D)), _nan((b, D, N)), _nan((b, L // chunk, D, N)))
+        peaks.append(_least_peak(lambda: kernel(*inputs, *outputs, chunk)))
+    per_step = (peaks[-1] - peaks[0]) / (Ls[-1] - Ls[0])
+    require(per_step < 4,
+            f"what your kernel allocates grows with L: at (b, D, N) = {(b, D, N)}, float64, its peak was "
+            f"{', '.join(_mb(p) for p in peaks)} at L = {', '.join(map(str, Ls))}, {per_step:.0f} more bytes per step. "
+            f"A history of one pair's states is {N * 8} bytes per step; the outputs are not counted.",
+            hint="a pair's recurrence needs only its current state while it runs (lesson 10, section 4): whatever "
+                 "grows with L is the history the fused kernel exists to avoid.")
+    return Ls
 
 
 # ---- 3. and 4. FlashAttention forward and backward in Numba ----------------------------------
@@ -278,41 +302,61 @@ def _forward_mistakes(q, k, v, causal, scale, BK):
     return mistakes
 
 
+def _far_below_zero(BH=2, Tq=13, Tk=21, d=5, dv=3):
+    """Inputs whose scores all lie far below zero (about -950, spread over a few units): the softmax is
+    the same as for scores near 0, but exp(score) underflows to 0 in float64."""
+    q, k, v = _attention_inputs(BH, Tq, Tk, d, dv)
+    scale = d ** -0.5
+    q[..., 0], k[..., 0] = -950 / scale, 1.0
+    return q, k, v, scale
+
+
 @exercise
 def flash_forward(your_flash_forward):
-    """The tiled forward against PyTorch's SDPA (out) and logsumexp (lse) in float64 on tile edges, then
-    float32, then the memory it allocates at T = 2048."""
+    """The tiled forward against PyTorch's SDPA (out) and logsumexp (lse) in float64 on tile edges, scores far
+    below zero, float32; then its scratch memory as Tk grows, and the causal tiles it leaves unread."""
     cases = _attention_cases()
     for BH, Tq, Tk, d, dv, BQ, BK, causal in cases:
         q, k, v = _attention_inputs(BH, Tq, Tk, d, dv)
         scale = d ** -0.5
         out, lse = _run_forward(your_flash_forward, q, k, v, scale, causal, BQ, BK)
         what = _case_name(BH, Tq, Tk, d, dv, BQ, BK, causal)
-        _require_written(out, f"out for {what}", "every query tile writes its rows, the last, shorter one too: "
-                         "ceil(Tq / BQ) tiles per head, and a query sees at least key 0")
+        _require_written(out, f"out for {what}", "every query tile writes its rows, the last, shorter one too")
         ref_out, ref_lse = _sdpa_float64(q, k, v, causal, scale)
         mistakes = _forward_mistakes(q, k, v, causal, scale, BK)
         assert_close(out, ref_out, what=f"out for {what}", rtol=1e-9, atol=1e-12, inputs={"q": q, "k": k, "v": v},
                      mistakes={hint: o for hint, (o, _) in mistakes.items()} | {
-                         "divide the accumulator by the running sum l after the last tile":
+                         "out came out without the division by each row's softmax denominator":
                              _unnormalized(q, k, v, causal, scale)})
-        _require_written(lse, f"lse for {what}", "write lse[h, i] = m_i + log(l_i) for every row")
+        _require_written(lse, f"lse for {what}", "every row has an lse to write")
         assert_close(lse, ref_lse, what=f"lse, the log of each row's softmax denominator, for {what}", rtol=1e-9,
                      atol=1e-12, mistakes={hint: lse_ for hint, (_, lse_) in mistakes.items()} | {
                          "lse is m + log(l): the running max plus the log of the running sum": _row_max(q, k, v, causal, scale),
                          "lse is m + log(l): you left out the running max m": ref_lse - _row_max(q, k, v, causal, scale)})
+    for causal in (True, False):
+        q, k, v, scale = _far_below_zero()
+        with np.errstate(all="ignore"):
+            out, lse = _run_forward(your_flash_forward, q, k, v, scale, causal, 4, 8)
+        ref_out, ref_lse = _sdpa_float64(q, k, v, causal, scale)
+        if not (np.allclose(out, ref_out, rtol=1e-9, atol=1e-12) and np.allclose(lse, ref_lse, rtol=1e-9, atol=1e-9)):
+            bad = np.argwhere(~np.isclose(out, ref_out, rtol=1e-9, atol=1e-12).all(-1))[0]
+            raise CheckFailed(
+                f"with every score far below zero (about -950; causal = {causal}, BQ = 4, BK = 8) the outputs are "
+                f"wrong, while scores near zero gave the right ones: head {bad[0]}, row {bad[1]}: out "
+                f"{fmt(out[tuple(bad)])} against {fmt(ref_out[tuple(bad)])}, lse {fmt(lse[tuple(bad)])} against "
+                f"{fmt(ref_lse[tuple(bad)])}.\n  hint: exp of these scores underflows to 0 unless each is taken "
+                f"relative to a max that is at most the largest score seen: what does your running max start at?")
     q, k, v = _attention_inputs(2, 70, 70, 16, 16)
     out, lse = _run_forward(your_flash_forward, q, k, v, 0.25, True, 32, 16, np.float32)
     require(out.dtype == np.float32 and lse.dtype == np.float32, "float32 inputs give float32 outputs")
     ref_out, ref_lse = _sdpa_float64(q, k, v, True, 0.25)
     assert_close(out, ref_out, what="out in float32, Tq = Tk = 70, BQ = 32, BK = 16", rtol=1e-4, atol=2e-5)
     assert_close(lse, ref_lse, what="lse in float32", rtol=1e-4, atol=2e-5)
-    _attention_memory(lambda q, k, v, BQ, BK: _run_forward(your_flash_forward, q, k, v, 0.25, True, BQ, BK), "forward")
-    _causal_skip(lambda q, k, v, BQ, BK: _run_forward(your_flash_forward, q, k, v, 0.5, True, BQ, BK)[0], "forward",
-                 "out", "when causal, a query tile's loop over key tiles stops after the tile that holds the last key "
-                 "its last row sees (row i sees keys up to i + Tk - Tq); the tiles past it are masked whole.")
-    return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), float32, memory, "
-            f"and causal tiles skipped")
+    Tks = _forward_scratch(your_flash_forward)
+    _causal_skip_forward(your_flash_forward)
+    return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), scores far "
+            f"below zero, float32; scratch flat from Tk = {Tks[0]} to {Tks[-1]}; NaN in keys and values that a query "
+            f"tile cannot see stayed out of its rows")
 
 
 def _row_max(q, k, v, causal, scale):
@@ -329,40 +373,119 @@ def _unnormalized(q, k, v, causal, scale):
     return out * np.exp(lse - _row_max(q, k, v, causal, scale))[..., None]
 
 
-def _attention_memory(run, which):
-    """A kernel that builds a (T, T) matrix of scores (or a row strip of it per head) fails here."""
-    BH, T, d, BQ, BK = 2, 2048, 16, 32, 32
-    q, k, v = (np.ascontiguousarray(a) for a in _attention_inputs(BH, T, T, d, d))
-    run(q, k, v, BQ, BK)                                       # compiled already; warm
-    peak = peak_bytes(lambda: run(q, k, v, BQ, BK), warm_up=False)
-    scores = T * T * 8
-    require(peak < scores // 4,
-            f"your {which} kernel allocated {_mb(peak)} at its peak for one call with {BH} heads, Tq = Tk = {T}, "
-            f"d = {d}, BQ = BK = {BQ}, float64 (outputs not counted). One (T, T) matrix of scores for one head is "
-            f"{_mb(scores)}.",
-            hint="keep one (BQ, BK) tile of scores per task, a few rows of state, and small buffers: the point of "
-                 "the tiled kernel is that the T x T matrix never exists, not even one head's.")
+def _forward_scratch(kernel):
+    """What the forward allocates must not grow with Tk at fixed tiles: that is what the online softmax buys.
+    One head and one query tile (Tq < BQ), so that a kernel with a task per (head, query tile) runs one task
+    whatever the threads; a kernel with a task per row runs 13 small ones. The least of two peaks per size."""
+    BQ, BK, Tq, d, Tks = 16, 32, 13, 8, (256, 1024, 4096)
+    peaks = []
+    for Tk in Tks:
+        q, k, v = (np.ascontiguousarray(a) for a in _attention_inputs(1, Tq, Tk, d, d))
+        out, lse = _nan((1, Tq, d)), _nan((1, Tq))
+        peaks.append(max(_least_peak(lambda: kernel(q, k, v, out, lse, 0.3, causal, BQ, BK)) for causal in (True, False)))
+    per_key = (peaks[-1] - peaks[0]) / (Tks[-1] - Tks[0])
+    require(per_key < 4,
+            f"what your forward allocates grows with the number of keys: with one head, Tq = {Tq}, BQ = {BQ}, BK = {BK}, "
+            f"d = dv = {d}, float64, its peak was {', '.join(_mb(p) for p in peaks)} at Tk = {', '.join(map(str, Tks))}: "
+            f"{per_key:.0f} more bytes per key. A row of scores is 8 bytes a key, a (BQ, Tk) strip of them {8 * BQ}, "
+            f"a copy of k or v {8 * d}; the outputs are not counted.",
+            hint="the online softmax lets a query tile hold one tile of scores at a time, whatever Tk (lesson 10, "
+                 "sections 5 and 7): anything that grows with Tk is the matrix the tiled kernel exists to avoid.")
+    return Tks
 
 
-def _causal_skip(run, which, name, hint):
-    """A causal kernel that visits key tiles above the diagonal gets the right values (those scores are
-    masked, p = 0) but does up to twice the work. Made visible: NaN in v's last key tile. A row whose query
-    tile sees none of those keys stays finite in a kernel that skips the tile; 0 * NaN is NaN in one that
-    visits it. The bound leaves a whole query tile of margin, so any alignment of the tiles passes."""
-    BH, T, d, BQ, BK = 2, 48, 4, 4, 8
+def _poisoned(T, B):
+    """The first key of the last tile of B keys (tiles start at 0, B, 2B, ...)."""
+    return (T - 1) // B * B
+
+
+def _causal_skip_forward(kernel):
+    """A causal kernel that visits key tiles above the diagonal gets the right values (those weights are 0)
+    but does up to twice the work. Made visible: NaN in the keys and the values of the last key tiles. A row
+    whose query tile sees none of them must stay finite; the check leaves one key tile of margin, so any
+    alignment of the key tiles passes. Once with Tq == Tk, once with a KV cache (Tq < Tk)."""
+    BQ, BK, d = 4, 8, 4
+    for BH, Tq, Tk in ((2, 45, 45), (1, 21, 45)):
+        q, k, v = _attention_inputs(BH, Tq, Tk, d, d)
+        first = _poisoned(Tk, BK)
+        k[:, first:], v[:, first:] = np.nan, np.nan
+        with np.errstate(invalid="ignore"):
+            out, _ = _run_forward(kernel, q, k, v, 0.5, True, BQ, BK)
+        offset = Tk - Tq
+        rows = np.arange(Tq)
+        tile_end = np.minimum(rows // BQ * BQ + BQ, Tq) - 1 + offset   # the last key each row's query tile sees
+        clean = rows[tile_end < first - BK]
+        bad = np.argwhere(np.isnan(out[:, clean]).any(-1))
+        require(bad.size == 0,
+                f"your forward reads key tiles that a query tile cannot see: with causal=True, Tq = {Tq}, Tk = {Tk}, "
+                f"BQ = {BQ}, BK = {BK} and NaN in the keys and values {first} .. {Tk - 1}, {len(bad)} of the rows "
+                f"0 .. {clean[-1]} came out NaN (first: head {bad[0][0] if bad.size else 0}, row "
+                f"{bad[0][1] if bad.size else 0}), though their query tiles see no key past {first - BK - 1}. "
+                f"Masked weights are 0, so the values can come out right, but 0 * NaN is NaN: the tile was read, "
+                f"which at large T is half of all tiles.",
+                hint="a key tile that no row of the query tile can see needs no work at all (lesson 10, section 8's "
+                     "grid of visited and skipped tiles).")
+
+
+def _backward_memory(kernel):
+    """The backward must not build a (T, T) matrix, not even one head's: the exponent of its peak against T,
+    fitted over three sizes with one head, is about 1 for buffers of T rows (D, dQ) and 2 for (T, T)."""
+    BQ, BK, d, Ts = 32, 32, 8, (256, 512, 1024)
+    peaks = []
+    for T in Ts:
+        q, k, v = _attention_inputs(1, T, T, d, d)
+        do = rng().uniform(-1, 1, q.shape)
+        out, lse = _sdpa_float64(q, k, v, True, 0.3)
+        args = [np.ascontiguousarray(a) for a in (q, k, v, out, do, lse)]
+        grads = [_nan(a.shape) for a in (q, k, v)]
+        peaks.append(_least_peak(lambda: kernel(*args, *grads, 0.3, True, BQ, BK)))
+    p = growth(Ts, peaks)
+    require(p < 1.5,
+            f"what your backward allocates grows like T^{p:.1f}: with one head, d = {d}, BQ = BK = {BQ}, float64, "
+            f"its peak was {', '.join(_mb(x) for x in peaks)} at T = {', '.join(map(str, Ts))}. One (T, T) matrix is "
+            f"{_mb(Ts[-1] ** 2 * 8)} at T = {Ts[-1]}; the outputs are not counted.",
+            hint="the backward rebuilds each tile of P from lse when it needs it (lesson 10, section 9): nothing of "
+                 "size (T, T) is ever needed at once.")
+    return Ts
+
+
+def _causal_skip_backward(kernel):
+    """The backward's tiles above the diagonal, made visible twice: NaN in the keys and values of the last
+    key tiles must reach no row of dq whose query tile sees none of them (with a key tile of margin); NaN in
+    the queries and output gradients of the first query tiles must reach no row of dk or dv whose key tile
+    none of them sees (with a query tile of margin). A kernel that visits such a tile and sets its masked
+    entries to 0 gets 0 * NaN = NaN, whichever loop is outside."""
+    BQ, BK, d, BH, T = 4, 8, 4, 2, 45
+    scale = 0.5
     q, k, v = _attention_inputs(BH, T, T, d, d)
-    v[:, T - BK:] = np.nan
+    do = rng().uniform(-1, 1, q.shape)
+    out, lse = _sdpa_float64(q, k, v, True, scale)        # from the clean inputs: only the kernel's reads bring NaN
+    first = _poisoned(T, BK)
+    kn, vn = k.copy(), v.copy()
+    kn[:, first:], vn[:, first:] = np.nan, np.nan
+    rows = np.arange(T)
+    dq, dk, dv = _nan(q.shape), _nan(k.shape), _nan(v.shape)
     with np.errstate(invalid="ignore"):
-        result = run(q, k, v, BQ, BK)
-    rows = T - BK - BQ                        # rows 0 .. rows - 1 see no key of the last tile, with a tile to spare
-    bad = np.argwhere(np.isnan(result[:, :rows]).any(-1))
-    require(bad.size == 0,
-            f"your {which} kernel visits key tiles above the diagonal: with causal=True, BH = {BH}, Tq = Tk = {T}, "
-            f"BQ = {BQ}, BK = {BK} and NaN in v's last key tile (keys {T - BK} .. {T - 1}), {len(bad)} rows of "
-            f"{name} among rows 0 .. {rows - 1}, which see none of those keys, came out NaN (first: head "
-            f"{bad[0][0] if bad.size else 0}, row {bad[0][1] if bad.size else 0}). The values were right, since "
-            f"p = 0 there, but 0 * v still reads v: the work of those tiles is wasted (half of all tiles at large T).",
-            hint=hint)
+        kernel(q, kn, vn, out, do, lse, dq, dk, dv, scale, True, BQ, BK)
+    clean = rows[np.minimum(rows // BQ * BQ + BQ, T) - 1 < first - BK]
+    bad = np.argwhere(np.isnan(dq[:, clean]).any(-1))
+    last_q = (T // 4) // BQ * BQ                          # queries 0 .. last_q - 1 get NaN
+    qn, don = q.copy(), do.copy()
+    qn[:, :last_q], don[:, :last_q] = np.nan, np.nan
+    dq2, dk2, dv2 = _nan(q.shape), _nan(k.shape), _nan(v.shape)
+    with np.errstate(invalid="ignore"):
+        kernel(qn, k, v, out, don, lse, dq2, dk2, dv2, scale, True, BQ, BK)
+    keys = rows[rows // BK * BK >= last_q + BQ]            # key tiles that no poisoned query tile sees
+    bad_keys = np.argwhere(np.isnan(dk2[:, keys]).any(-1) | np.isnan(dv2[:, keys]).any(-1))
+    require(bad.size == 0 and bad_keys.size == 0,
+            f"your backward reads tiles that no query sees: with causal=True, Tq = Tk = {T}, BQ = {BQ}, BK = {BK}, "
+            + (f"NaN in the keys and values {first} .. {T - 1} reached {len(bad)} rows of dq among 0 .. {clean[-1]}, "
+               f"whose query tiles see none of them" if bad.size else
+               f"NaN in the queries and output gradients 0 .. {last_q - 1} reached {len(bad_keys)} rows of dk or dv "
+               f"among the keys {keys[0]} .. {T - 1}, which none of those queries sees")
+            + ". Masked entries are 0, so the values can come out right, but 0 * NaN is NaN: the tile was read.",
+            hint="a (query tile, key tile) pair where no query sees any key needs no work in the backward either "
+                 "(lesson 10, section 9's picture shows which tiles each gradient reads).")
 
 
 def _grads_np(q, k, v, do, causal, scale, use_delta=True, scale_dq=True, scale_dk=True, shift=0):
@@ -395,7 +518,7 @@ def _run_backward(kernel, q, k, v, do, scale, causal, BQ, BK, dtype=np.float64):
 @exercise
 def flash_backward(your_flash_backward):
     """dq, dk, dv by recomputation against PyTorch's autograd through SDPA in float64, on tile edges; then
-    float32 and the memory it allocates at T = 2048."""
+    float32, its memory against T, and the causal tiles it leaves unread."""
     cases = _attention_cases()
     for BH, Tq, Tk, d, dv, BQ, BK, causal in cases:
         q, k, v = _attention_inputs(BH, Tq, Tk, d, dv)
@@ -405,19 +528,19 @@ def flash_backward(your_flash_backward):
         expected = _sdpa_grads(q, k, v, do, causal, scale)
         what = _case_name(BH, Tq, Tk, d, dv, BQ, BK, causal)
         mistakes = [
-            ("dS = P * (dP - D) with D_i = rowsum(dO_i * O_i): without D the rows of dS do not sum to 0",
+            ("the rows of dS do not sum to 0: D, each row's sum of dO * O, is missing from dS = P * (dP - D)",
              _grads_np(q, k, v, do, causal, scale, use_delta=False)),
-            ("dQ = dS K * scale: the scores were q k^T * scale, so scale comes back in dQ",
+            ("dQ lacks the scale: the scores were q k^T * scale, so scale comes back in dQ",
              _grads_np(q, k, v, do, causal, scale, scale_dq=False)),
-            ("dK = dS^T Q * scale: the scores were q k^T * scale, so scale comes back in dK",
+            ("dK lacks the scale: the scores were q k^T * scale, so scale comes back in dK",
              _grads_np(q, k, v, do, causal, scale, scale_dk=False))]
         if causal:
             mistakes.append(("the mask is off by one: query i sees keys 0 .. i + Tk - Tq, so P is 0 above that",
                              _grads_np(q, k, v, do, causal, scale, shift=1)))
         for n, name in enumerate(("dq", "dk", "dv")):
             _require_written(grads[n], f"{name} for {what}",
-                             "the arrays arrive uninitialized (here full of NaN): set dq to 0 before adding "
-                             "to it, and write every row of dk and dv, those of keys no query sees too (0)")
+                             "dq, dk and dv arrive full of NaN (as uninitialized memory would be): a gradient you add "
+                             "into starts from 0, and every row is written, those of keys no query sees too")
             assert_close(grads[n], expected[n], what=f"{name} for {what}", rtol=1e-9, atol=1e-12,
                          inputs={"q": q, "k": k, "v": v, "do": do},
                          mistakes={hint: m[n] for hint, m in mistakes})
@@ -427,19 +550,10 @@ def flash_backward(your_flash_backward):
     for name, g, e in zip(("dq", "dk", "dv"), grads, _sdpa_grads(q, k, v, do, True, 0.25)):
         require(g.dtype == np.float32, "float32 inputs give float32 gradients")
         assert_close(g, e, what=f"{name} in float32, Tq = Tk = 70, BQ = 32, BK = 16", rtol=1e-3, atol=1e-4)
-
-    def run(q, k, v, BQ, BK):
-        return _run_backward(your_flash_backward, q, k, v, q, 0.25, True, BQ, BK)
-    _attention_memory(run, "backward")
-    def probe(q, k, v, BQ, BK):            # out and lse from v without its NaN: only v's reads may bring them in
-        out, lse = _sdpa_float64(q, k, np.nan_to_num(v), True, 0.5)
-        dq, dk, dv = _nan(q.shape), _nan(k.shape), _nan(v.shape)
-        your_flash_backward(q, k, v, out, q, lse, dq, dk, dv, 0.5, True, BQ, BK)
-        return dq
-    _causal_skip(probe, "backward", "dq", "when causal, each key tile's loop over query tiles starts at the first query tile "
-                 "that sees one of its keys (the row j0 - (Tk - Tq)); the query tiles before it see none of them.")
-    return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), float32, memory, "
-            f"and causal tiles skipped")
+    Ts = _backward_memory(your_flash_backward)
+    _causal_skip_backward(your_flash_backward)
+    return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), float32; no "
+            f"(T, T) matrix from T = {Ts[0]} to {Ts[-1]}; NaN in tiles no query sees stayed out of dq, dk and dv")
 
 
 # ---- 5. the forward as a CUDA kernel ------------------------------------------------------------

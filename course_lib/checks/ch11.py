@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng
 from course_lib.distributed.launch import Code, WorkerError, carry, launch, preload, resolve
+from course_lib.distributed.timing import optimizers_stepped, state_numbers
 from course_lib.gpt.model import MLP, GPTConfig
 
 TIMEOUT = 30   # seconds a rank may wait for a message before the run is stopped
@@ -51,9 +52,9 @@ def _run(world_size, job, your_code, **kwargs):
         lines += _your_frames(e, [c for c in codes if isinstance(c, Code)])
         if "timed out" in str(e).lower() or "timeout" in e.error.lower():
             lines.append(f"  hint: a rank waited {TIMEOUT} s for a message that never came: every send needs the "
-                         "matching recv on the other rank, every rank must call each collective, in the same order, "
-                         "and two ranks that both wait to receive first never meet (post the send with isend, then "
-                         "receive, then wait)")
+                         "matching receive on the other rank, every rank must call each collective, in the same "
+                         "order, and two ranks that both wait to receive before sending never meet (lesson 11, "
+                         "*The ring*: how its exchanges are posted)")
         raise CheckFailed("\n".join(lines)) from None
 
 
@@ -158,8 +159,8 @@ def _check_ring(p, per_rank, shapes, seed):
             returned = case["returned"]
             if isinstance(returned, torch.Tensor) and not torch.equal(returned, case["tensor"]):
                 require(not torch.allclose(returned, expected), f"{what} was not changed in place: your function "
-                        "returned the sum in a new tensor", hint="like dist.all_reduce, write the sum into the tensor "
-                        "you were given (its chunks are views of it: += and copy_ write through)")
+                        "returned the sum in a new tensor", hint="like dist.all_reduce, the sum belongs in the tensor "
+                        "you were given: a view of it writes through to it, a new tensor does not")
             held = torch.tensor_split(case["tensor"].reshape(-1), p)
             done = [c for c, (a, b) in enumerate(zip(held, torch.tensor_split(expected.reshape(-1), p)))
                     if torch.allclose(a, b, rtol=1e-10, atol=1e-12)]
@@ -173,14 +174,14 @@ def _check_ring(p, per_rank, shapes, seed):
             peers = sorted({r for r, _ in case["sent"]})
             require(len(peers) <= 1 and all((r - rank) % p in (1, p - 1) for r in peers),
                     f"{p} ranks: rank {rank} sent to ranks {peers}: in a ring each rank sends to one neighbour only",
-                    hint="send to (rank + 1) % p, receive from (rank - 1) % p; gathering on rank 0 makes its link "
-                         "carry (p - 1) times the tensor")
+                    hint="each rank sends to one neighbour and receives from the other; gathering on rank 0 makes "
+                         "its link carry (p - 1) times the tensor (lesson 11, *The ring*)")
             elements = sum(k for _, k in case["sent"])
             bound = 2 * (p - 1) * math.ceil(n / p)
             require(elements <= bound, f"{p} ranks: rank {rank} sent {elements} numbers for a tensor of {n}: a ring "
                     f"sends 2(p - 1) chunks of about n/p numbers, at most {bound} here",
-                    hint="cut the tensor into p chunks and send one chunk per step, never the whole tensor: passing "
-                         "whole tensors around the ring sends (p - 1)·n numbers, the chunked ring 2(p - 1)/p·n")
+                    hint="one chunk of about n/p numbers per step, never the whole tensor: passing whole tensors "
+                         "around the ring sends (p - 1)·n numbers, the chunked ring 2(p - 1)/p·n (lesson 11, *The ring*)")
             require(len(case["sent"]) <= 2 * (p - 1), f"{p} ranks: rank {rank} sent {len(case['sent'])} messages for "
                     f"one all-reduce; the ring sends 2(p - 1) = {2 * (p - 1)}, one per step",
                     hint="each message costs a latency: one send per step, of one chunk")
@@ -201,7 +202,52 @@ def ring_all_reduce(your_ring_all_reduce):
 
 # ---- 2. the DDP container ---------------------------------------------------------------------------
 
+class Branchy(nn.Module):
+    """The DDP check's first model: the output layer registered first, a layer used twice and a branch that
+    skips the middle, so that its gradients do not land in the reverse of `parameters()`'s order."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        a, h, b = sizes
+        self.head = nn.Linear(h, b)   # used last, registered first
+        self.stem = nn.Linear(a, h)
+        self.body = nn.Linear(h, h)   # used twice: its gradient lands once, after both uses
+        self.skip = nn.Linear(a, b, bias=False)   # from the input straight to the output (a bias here would get
+                                                  # the same gradient as head's)
+
+    def forward(self, x):
+        z = torch.tanh(self.stem(x))
+        z = torch.tanh(self.body(z))
+        z = torch.tanh(self.body(z))
+        return self.head(z) + self.skip(x)
+
+
+class Chain(nn.Module):
+    """The second model: four square layers without biases (the last one registered first). Every parameter
+    has the same bytes, so with bucket_bytes = two of them, a bucket closes on two whatever its order."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        (h,) = sizes
+        self.last = nn.Linear(h, h, bias=False)
+        self.layers = nn.ModuleList(nn.Linear(h, h, bias=False) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.last(x)
+
+
+MODELS = {"branchy": Branchy, "chain": Chain}
+
+
+def model_of(kind, sizes, seed):
+    torch.manual_seed(seed)
+    return MODELS[kind](sizes).double()
+
+
 def mlp(sizes, seed):
+    """The ZeRO check's model: linear layers of the given sizes with tanh between them."""
     torch.manual_seed(seed)
     layers = []
     for a, b in zip(sizes, sizes[1:]):
@@ -222,34 +268,49 @@ def mine(t):
 ACCUMULATE_AT = 1   # the step of the DDP check that runs two micro-batches, the first under no_sync
 
 
-def expected_buckets(numels, bucket_bytes, itemsize=8):
-    """Parameter indices of each bucket: the parameters in reverse order, a bucket closed once it holds
-    at least bucket_bytes."""
-    buckets, current, size = [], [], 0
-    for i in reversed(range(len(numels))):
-        current.append(i)
-        size += numels[i] * itemsize
-        if size >= bucket_bytes:
-            buckets.append(current)
-            current, size = [], 0
-    return buckets + ([current] if current else [])
+def _bucket_of(flat, params, world_size):
+    """The parameters whose gradients `flat` holds end to end, in its order; None if it holds anything else.
+
+    A gradient may come already divided by the world size; a parameter without one matches zeros."""
+    flat = flat.detach().reshape(-1)
+
+    def matches(i, offset, divided):
+        n = params[i].numel()
+        if offset + n > flat.numel():
+            return False
+        piece, grad = flat[offset:offset + n], params[i].grad
+        grad = grad.detach().reshape(-1) if grad is not None else torch.zeros_like(piece)
+        return torch.allclose(piece, grad / world_size, rtol=1e-13, atol=0) if divided else torch.equal(piece, grad)
+
+    def search(offset, found):   # depth first: zeros can match several parameters, only one way may cover flat
+        if offset == flat.numel():
+            return tuple(found)
+        for divided in (False, True):
+            for i in range(len(params)):
+                if i not in found and matches(i, offset, divided):
+                    whole = search(offset + params[i].numel(), found + [i])
+                    if whole is not None:
+                        return whole
+        return None
+
+    return search(0, [])
 
 
 def _ddp_job(DDP, cases, steps, rows, seed):
-    rank, results = dist.get_rank(), []
-    log = []
+    rank, p, results = dist.get_rank(), dist.get_world_size(), []
+    log, params = [], []
     all_reduce = dist.all_reduce
 
     def watched_all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
-        log.append(("all_reduce", tensor.numel(), bool(async_op)))
+        log.append(("all_reduce", _bucket_of(tensor, params, p), tensor.numel(), bool(async_op)))
         return all_reduce(tensor, op=op, group=group, async_op=async_op)
 
     with _patched(dist, all_reduce=watched_all_reduce), _patched(c10d, all_reduce=watched_all_reduce):
         DDP = resolve(DDP)
-        for sizes, bucket_bytes in cases:
+        for kind, sizes, bucket_bytes in cases:
             log.clear()
-            model = mlp(sizes, seed + rank)   # different on each rank: the broadcast must fix that
-            params = list(model.parameters())
+            model = model_of(kind, sizes, seed + rank)   # different on each rank: the broadcast must fix that
+            params[:] = model.parameters()
             for i, t in enumerate(params):   # registered before yours, so it runs first for each parameter
                 t.register_post_accumulate_grad_hook(lambda _, i=i: log.append(("landed", i)))
             ddp = DDP(model, bucket_bytes)
@@ -272,8 +333,8 @@ def _ddp_job(DDP, cases, steps, rows, seed):
     return results
 
 
-def _train_one_process(sizes, seed, steps, rows, lr):
-    model = mlp(sizes, seed)
+def _train_one_process(kind, sizes, seed, steps, rows, lr):
+    model = model_of(kind, sizes, seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     for step in range(steps):
         x, y = batch(step, rows, sizes, seed)
@@ -283,95 +344,137 @@ def _train_one_process(sizes, seed, steps, rows, lr):
     return [t.detach() for t in model.parameters()]
 
 
-def _check_overlap(where, log, buckets, numels):
-    """Walk one rank's log: every backward outside no_sync sends each bucket, asynchronously, as soon as it
-    and the buckets before it are complete; a backward inside no_sync sends nothing."""
-    sizes = [sum(numels[i] for i in b) for b in buckets]
-    k = 0
+def _check_buckets(where, log, numels, bucket_bytes, itemsize=8):
+    """Walk one rank's log. A backward inside no_sync sends nothing. A backward outside it sends every gradient
+    once, in buckets that close once they hold bucket_bytes, each as soon as it and the buckets sent before it
+    are complete, the first one before the backward's last gradient has landed. Returns {step: its buckets}."""
+    per_step, k = {}, 0
     while k < len(log):
-        event = log[k]
-        if event[0] != "backward":
+        if log[k][0] != "backward":
             k += 1
             continue
-        _, step, syncing = event
+        _, step, syncing = log[k]
         end = log.index(("backward returned",), k)
         segment = log[k + 1:end]
+        k = end + 1
         sends = [e for e in segment if e[0] == "all_reduce"]
         what = f"{where}, step {step}"
         if not syncing:
             require(not sends, f"{what}: the backward inside `with ddp.no_sync():` started {len(sends)} all-reduce(s)",
-                    hint="inside no_sync the gradients only accumulate in .grad; the first backward after it sends "
-                         "their sums (and must count its gradients from zero)")
-            k = end + 1
+                    hint="inside no_sync the gradients only add up in .grad; the backward after it sends their sums "
+                         "(lesson 11, *Gradient accumulation*)")
             continue
-        require(sends, f"{what}: no bucket was sent during backward ({len(buckets)} bucket(s), all complete by the "
-                "end of it)" + (": the all-reduces came later" if step == 0 else ", though an earlier step's were"),
-                hint="send each bucket from the gradient hook as soon as its last gradient lands, so the "
-                     "communication of the last layers overlaps the backward of the first ones; finish() only waits"
-                     + ("" if step == 0 else ". If step 0 sent them, what you count per bucket was not started "
-                        "afresh for this backward (after finish(), and not during no_sync)"))
-        require([e[1] for e in sends] == sizes[:len(sends)] and len(sends) == len(sizes),
-                f"{what}: your all-reduces carried {[e[1] for e in sends]} numbers, in that order; with these "
-                f"parameters and bucket_bytes the buckets hold {sizes}",
-                hint="walk the parameters in reverse order (the order backward produces their gradients) and close "
-                     "a bucket as soon as it holds at least bucket_bytes bytes; send bucket 0, 1, 2, ... in that order, "
-                     "each as one flat tensor")
+        finish = log.index(("finish returned",), end)
+        later = [e for e in log[end:finish] if e[0] == "all_reduce"]
+        require(sends, f"{what}: no bucket was sent during backward; {len(later)} all-reduce(s) started after it had "
+                "returned" + ("" if step == 0 else ", though an earlier step's buckets left during backward"),
+                hint="a bucket can leave from the gradient hook, while autograd still works on the first layers; "
+                     "finish() is where the waiting happens (lesson 11, *Send now, wait later*)"
+                     + ("" if step == 0 else ". If an earlier step sent during backward, look at what you count per "
+                        "bucket: it must start afresh for each backward that sends (*Gradient accumulation*)"))
+        for e in sends + later:
+            require(e[1] is not None, f"{what}: an all-reduce of {e[2]} numbers carried something else than this "
+                    "rank's gradients laid end to end, as .grad held them when it started",
+                    hint="each bucket travels as one flat tensor of its parameters' gradients; a bucket that leaves "
+                         "before one of its gradients has landed carries a zero or a stale value in its place")
+        for e in sends:
+            require(e[3], f"{what}: the all-reduce of parameters {list(e[1])} blocked the backward until it had "
+                    "finished (async_op=False)", hint="an asynchronous collective returns at once with a work to "
+                    "wait on later (lesson 11, *Send now, wait later*)")
+        landed = set()
+        for e in segment:
+            if e[0] == "landed":
+                landed.add(e[1])
+            elif e[0] == "all_reduce":
+                missing = sorted(set(e[1]) - landed)
+                require(not missing, f"{what}: the bucket of parameters {list(e[1])} left before the gradient of "
+                        f"parameter(s) {missing} had landed", hint="a bucket may go once every one of its gradients "
+                        "has landed in this backward; what you count per bucket must start afresh for each backward "
+                        "that sends, and the backward passes inside no_sync do not count")
+        buckets = [e[1] for e in sends + later]   # in the order they left
+        require(sorted(i for b in buckets for i in b) == list(range(len(numels))),
+                f"{what}: your all-reduces carried the gradients of parameters {[list(b) for b in buckets]}; every "
+                f"one of the {len(numels)} parameters belongs to exactly one bucket",
+                hint="each gradient travels once per step, in its bucket")
+        for b in buckets:
+            sizes = [numels[i] * itemsize for i in b]
+            require(len(b) == 1 or sum(sizes) - max(sizes) < bucket_bytes,
+                    f"{what}: a bucket of parameters {list(b)} held {sum(sizes)} bytes, and {sum(sizes) - max(sizes)} "
+                    f"without its largest tensor: it had reached bucket_bytes={bucket_bytes} before its last tensor",
+                    hint="a bucket closes as soon as it holds at least bucket_bytes; one that reaches it exactly is "
+                         "full too")
+        small = [list(b) for b in buckets if sum(numels[i] for i in b) * itemsize < bucket_bytes]
+        require(len(small) <= 1, f"{what}: the buckets of parameters {small} each hold fewer than "
+                f"bucket_bytes={bucket_bytes} bytes; only the one left over at the end may",
+                hint="a bucket stays open until it holds bucket_bytes (lesson 11, *Buckets*)")
         landed, sent = set(), 0
         for e in segment + [("end",)]:
             if e[0] == "all_reduce":
-                require(e[2], f"{what}: bucket {sent}'s all-reduce blocked the backward (async_op=False)",
-                        hint="start it with dist.all_reduce(flat, async_op=True) and keep the work; finish() waits")
                 sent += 1
                 continue
             ready = 0
-            while ready < len(buckets) and all(i in landed for i in buckets[ready]):
+            while ready < len(buckets) and set(buckets[ready]) <= landed:
                 ready += 1
-            after = f"after {len(landed)} of {len(numels)} gradients had landed"
-            require(sent <= ready, f"{what}: {after}, {sent} bucket(s) had been sent but only {ready} were complete: "
-                    "a bucket went before its last gradient", hint="a bucket may go when every one of its parameters "
-                    "has its gradient: count the arrivals per bucket and compare with the bucket's length")
-            require(sent >= ready, f"{what}: {after}, {ready} bucket(s) were complete but only {sent} had been sent",
-                    hint="send each bucket as soon as it may go: one gradient can complete several buckets, so keep "
-                         "sending while the next one in order is complete")
+            after = "when backward returned" if e[0] == "end" else f"after {len(landed)} of {len(numels)} gradients"
+            require(sent >= ready, f"{what}: {after}, your first {ready} bucket(s) were complete but only {sent} "
+                    "had been sent", hint="a bucket goes as soon as it and the ones ahead of it are complete, and one "
+                    "landing gradient may complete several buckets at once (lesson 11, *Buckets*)")
             if e[0] == "landed":
                 landed.add(e[1])
-        k = end + 1
+        if len(buckets) > 1:   # every bucket left during backward: did the first one leave before its end?
+            last = max(j for j, e in enumerate(segment) if e[0] == "landed")
+            first = next(j for j, e in enumerate(segment) if e[0] == "all_reduce")
+            require(first < last, f"{what}: all {len(buckets)} buckets left after the backward's last gradient had "
+                    "landed: none of the communication overlapped the backward",
+                    hint="your first bucket holds gradients that land last; lesson 11's *When a gradient is ready* "
+                         "shows the order they land in")
+        per_step[step] = buckets
+    return per_step
 
 
 @exercise
 def ddp(your_DDP):
-    """Your DDP on 2 processes, each rank starting from its own weights: broadcast, buckets (reverse order,
-    by bytes) sent asynchronously during backward as soon as complete, finish() averaging once, no_sync()
+    """Your DDP on 2 processes, each rank starting from its own weights, on two models whose gradients land out of
+    the parameters' reverse order: broadcast; every gradient all-reduced once, in buckets that close at
+    bucket_bytes, sent asynchronously during backward as soon as complete; finish() averaging once; no_sync()
     for gradient accumulation; the training equal to one process on the global batch."""
     seed, steps = int(rng().integers(1 << 20)), 3
-    hidden = [int(h) for h in rng().integers(3, 12, 2)]
-    sizes = [int(rng().integers(2, 7)), *hidden, int(rng().integers(1, 5))]
-    cases = [(sizes, 0), (sizes, int(rng().integers(150, 600))), (sizes, 2**20)]
+    a, h, b = int(rng().integers(2, 7)), int(rng().integers(3, 12)), int(rng().integers(1, 5))
+    width = int(rng().integers(2, 7))
+    cases = [("branchy", [a, h, b], 0), ("branchy", [a, h, b], a * b * 8), ("branchy", [a, h, b], 2**20),
+             ("chain", [width], 2 * width * width * 8)]   # the second: exactly the skip layer's bytes
     ps = world_sizes((2,))
     for p in ps:
         rows = p * 2 * int(rng().integers(1, 4))   # equal slices, each cut in two micro-batches at step 1
         per_rank = _run(p, "_ddp_job", [your_DDP], cases=cases, steps=steps, rows=rows, seed=seed)
-        first = [t.detach() for t in mlp(sizes, seed).parameters()]
-        expected, summed, halved = (_train_one_process(sizes, seed, steps, rows, lr) for lr in (0.1, 0.1 * p, 0.1 / p))
-        numels = [t.numel() for t in first]
-        for (sizes, bucket_bytes), *results in zip(cases, *per_rank):
-            where = f"{p} ranks, layer sizes {sizes}, bucket_bytes={bucket_bytes}"
+        for (kind, sizes, bucket_bytes), *results in zip(cases, *per_rank):
+            first = [t.detach() for t in model_of(kind, sizes, seed).parameters()]
+            expected, summed, halved = (_train_one_process(kind, sizes, seed, steps, rows, lr)
+                                        for lr in (0.1, 0.1 * p, 0.1 / p))
+            numels = [t.numel() for t in first]
+            where = f"{p} ranks, the {kind} model {sizes}, bucket_bytes={bucket_bytes}"
             for rank, result in enumerate(results):
                 for i, (yours, exp) in enumerate(zip(result["start"], first)):
                     require(torch.equal(yours, exp), f"{where}: right after DDP(model, ...), rank {rank}'s parameter "
                             f"{i} is not rank 0's (every rank built its model from its own seed)",
-                            hint="in __init__, broadcast every parameter from rank 0 (dist.broadcast, under "
-                                 "torch.no_grad()), so that all ranks start from the same weights")
+                            hint="all ranks start from one rank's weights (lesson 11, *Every rank the same*)")
+            orders = [_check_buckets(f"{where}, rank {rank}", result["log"], numels, bucket_bytes)
+                      for rank, result in enumerate(results)]
+            for rank, order in enumerate(orders[1:], 1):
+                for step, buckets in order.items():
+                    require(buckets == orders[0].get(step), f"{where}, step {step}: rank {rank} sent the buckets "
+                            f"{[list(b) for b in buckets]}, rank 0 {[list(b) for b in orders[0].get(step, [])]}",
+                            hint="collectives pair up in call order: every rank sends the same buckets in the same "
+                                 "order (lesson 11, *Buckets*)")
             for rank, result in enumerate(results):
-                _check_overlap(f"{where}, rank {rank}", result["log"], expected_buckets(numels, bucket_bytes), numels)
                 for i, (yours, exp) in enumerate(zip(result["params"], expected)):
                     assert_close(yours, exp, what=f"{where}, rank {rank}: parameter {i} after {steps} SGD steps "
                                  "(one of them two micro-batches)", rtol=1e-9, atol=1e-11,
-                                 mistakes={"the gradients were summed, not averaged: divide the sum by the world "
-                                           "size once, in finish()": summed[i],
-                                           "the gradients were divided by the world size twice: once is the mean":
-                                               halved[i]})
-    return f"3 bucket sizes, random layer sizes, {'/'.join(map(str, ps))} ranks against one process"
+                                 mistakes={"the gradients were summed, not averaged: the mean divides the sum by the "
+                                           "world size": summed[i],
+                                           "the gradients were divided by the world size twice": halved[i]})
+    return (f"2 models, 4 bucket sizes, {'/'.join(map(str, ps))} ranks against one process; the buckets left "
+            "during backward, each as soon as complete")
 
 
 # ---- 3. the ZeRO-1 wrapper -------------------------------------------------------------------------
@@ -385,52 +488,48 @@ OPTIMIZERS = {
 }
 
 
-def state_numbers(optimizer):
-    """The numbers an optimizer keeps in state tensors (its step counters, 0-dimensional, left out)."""
-    return sum(t.numel() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
-
-
 def _zero_job(Zero, cases, steps, rows, seed):
     Zero, results = resolve(Zero), []
     for sizes, name in cases:
         cls, hyper = OPTIMIZERS[name]
         model = mlp(sizes, seed)                                  # the same on every rank
-        opt = Zero(model.parameters(), cls, **hyper)
-        for step in range(steps):
-            x, y = batch(step, rows, sizes, seed)                 # every rank: the whole batch, the same gradient
-            opt.zero_grad()
-            F.mse_loss(model(x), y).backward()
-            opt.step()
-        inner = getattr(opt, "optimizer", None)
+        with optimizers_stepped() as stepped:                     # every optimizer stepping inside your wrapper
+            opt = Zero(model.parameters(), cls, **hyper)
+            for step in range(steps):
+                x, y = batch(step, rows, sizes, seed)             # every rank: the whole batch, the same gradient
+                opt.zero_grad()
+                F.mse_loss(model(x), y).backward()
+                opt.step()
         results.append({"params": _flat([t.detach() for t in model.parameters()]),
-                        "inner": type(inner).__name__ if inner is not None else None,
-                        "inner ok": isinstance(inner, cls),
-                        "state": state_numbers(inner) if isinstance(inner, torch.optim.Optimizer) else None})
+                        "stepped": sorted({type(o).__name__ for o in stepped}),
+                        "wraps": any(isinstance(o, cls) for o in stepped), "state": state_numbers(stepped)})
     return results
 
 
 def _zero_oracle(sizes, name, steps, rows, seed):
     cls, hyper = OPTIMIZERS[name]
     model = mlp(sizes, seed)
+    start = _flat([t.detach().clone() for t in model.parameters()])
     opt = cls(model.parameters(), **hyper)
     for step in range(steps):
         x, y = batch(step, rows, sizes, seed)
         opt.zero_grad()
         F.mse_loss(model(x), y).backward()
         opt.step()
-    return _flat([t.detach() for t in model.parameters()]), state_numbers(opt)
+    return start, _flat([t.detach() for t in model.parameters()]), state_numbers([opt]), \
+        [t.numel() for t in model.parameters()]
 
 
 @exercise
 def zero_optimizer(your_ZeroOptimizer):
     """Your ZeRO-1 wrapper on 3 processes around AdamW, SGD with Nesterov momentum and one more optimizer, against
-    the same optimizer in one process; each rank must keep 1/p of the optimizer's state (a model of 2 numbers
-    leaves one rank an empty shard)."""
+    the same optimizer in one process. However the numbers are split, each rank keeps the state of its share:
+    about 1/p of the whole (a model of 2 numbers leaves one rank with nothing)."""
     seed, steps = int(rng().integers(1 << 20)), 3
     third = str(rng().choice(["Adam", "RMSprop", "Adagrad"]))
     cases = [([1, 1], "AdamW")]   # N = 2: fewer numbers than ranks
     while len(cases) < 4:
-        sizes = [int(s) for s in rng().integers(2, 8, 3)]
+        sizes = [int(s) for s in rng().integers(2, 8, 4)]   # three layers, six tensors
         n = sum(a * b + b for a, b in zip(sizes, sizes[1:]))
         if n % 2 and n % 3:
             cases.append((sizes, ["AdamW", "SGD", third][len(cases) - 1]))
@@ -439,43 +538,49 @@ def zero_optimizer(your_ZeroOptimizer):
     for p in ps:
         per_rank = _run(p, "_zero_job", [your_ZeroOptimizer], cases=cases, steps=steps, rows=rows, seed=seed)
         for (sizes, name), *results in zip(cases, *per_rank):
-            expected, full_state = _zero_oracle(sizes, name, steps, rows, seed)
-            n, per = expected.numel(), full_state // expected.numel()   # numbers of state per parameter number
-            where = f"{p} ranks, {name}, layer sizes {sizes} (N = {n} numbers)"
-            for rank, result in enumerate(results):
-                require(result["inner ok"], f"{where}: rank {rank}'s `opt.optimizer` is "
-                        f"{result['inner'] or 'missing'}, not a {name}",
-                        hint="keep the optimizer you build over this rank's shard as self.optimizer, made with the "
-                             "optimizer_class and the keyword arguments you were given")
+            start, expected, full_state, numels = _zero_oracle(sizes, name, steps, rows, seed)
+            n, per, largest = expected.numel(), full_state // expected.numel(), max(numels)
+            where = f"{p} ranks, {name}, layer sizes {sizes} (N = {n} numbers in {len(numels)} tensors)"
+            require(any(r["wraps"] for r in results), f"{where}: no rank stepped a {name} (they stepped "
+                    f"{sorted({c for r in results for c in r['stepped']}) or 'no torch optimizer'})",
+                    hint="ZeRO-1 runs the optimizer class it is given, with the keyword arguments it is given: its "
+                         "update and its state, on a share of the numbers")
             for rank, result in enumerate(results[1:], 1):
                 require(torch.equal(result["params"], results[0]["params"]),
                         f"{where}: after {steps} steps rank {rank}'s parameters differ from rank 0's",
-                        hint="each rank updates its own shard; then every rank must receive every updated shard "
-                             "(an all-gather) and write them all into its parameters")
-            shard = math.ceil(n / p)
+                        hint="each rank updates its share; every rank must then receive every other share "
+                             "(lesson 11, *Gathering unequal pieces*)")
             for rank, result in enumerate(results):
                 yours = result["params"]
                 bad = (yours - expected).abs() > 1e-9 * (1 + expected.abs())
                 if bad.any():
                     i = int(bad.nonzero()[0])
+                    idle = bool(yours[i] == start[i])
                     raise CheckFailed(
                         f"{where}, rank {rank}: the parameters after {steps} steps differ from torch.optim.{name}'s in "
-                        f"one process\n  first bad number {i} of the flat vector: yours {fmt(float(yours[i]))}, "
-                        f"expected {fmt(float(expected[i]))}\n  {int(bad.sum())} of {n} numbers differ\n  hint: with "
-                        f"shards of ceil(N/p) = {shard}, number {i} is rank {i // shard}'s to update; hand the "
-                        "optimizer this rank's slice of the flat parameters as one leaf tensor, set its .grad to the "
-                        "same slice of the flat gradients, step, and gather every rank's slice")
-                most, state = per * shard, result["state"]
-                require(state <= most, f"{where}: rank {rank} keeps {state} numbers of {name} state; the whole model's "
-                        f"{name} keeps {full_state} ({per} per parameter number). ZeRO-1 keeps on each rank the state "
-                        f"of its own shard only, 1/p of it: at most {per} x ceil(N/p) = {most} here",
-                        hint="build the inner optimizer over one tensor holding this rank's slice of the flat "
-                             "parameters, never over the model's parameters")
+                        f"one process\n  first bad number {i} of the parameters laid end to end: yours "
+                        f"{fmt(float(yours[i]))}, expected {fmt(float(expected[i]))}"
+                        + (" (it never moved from its first value)" if idle else "")
+                        + f"\n  {int(bad.sum())} of {n} numbers differ\n  hint: "
+                        + ("no rank's update reached it: every number belongs to exactly one rank's share, and the "
+                           "updated shares must reach every rank" if idle else
+                           "each number is updated with its own gradient, by the optimizer it was given, built with "
+                           "the keyword arguments it was given (lesson 11, *What the optimizer keeps*)"))
+            share = (n + (p - 1) * largest) // p
+            for rank, result in enumerate(results):
+                state = result["state"]
+                require(state <= per * share, f"{where}: rank {rank} keeps {state} numbers of {name} state. The whole "
+                        f"model's {name} keeps {full_state}, {per} per parameter number; one rank's share of the "
+                        f"{n} numbers is about N/p, at most {share} here (N/p, plus less than one tensor when whole "
+                        f"tensors are dealt out: the largest holds {largest}), so at most {per * share} numbers of "
+                        "state", hint="an optimizer keeps state for every number it is handed: hand it this rank's "
+                        "share only (lesson 11, *What the optimizer keeps*)")
             total = sum(r["state"] for r in results)
-            require(total == full_state, f"{where}: the ranks keep {total} numbers of {name} state together, the whole "
-                    f"model's {name} keeps {full_state}: every number of the flat vector must be in exactly one shard",
-                    hint="the shards tile [0, N): rank r's starts at min(r * ceil(N/p), N)")
-    return f"AdamW, SGD and one more on {'/'.join(map(str, ps))} ranks, state 1/p per rank, an empty shard"
+            require(total <= per * (n + p - 1), f"{where}: the ranks keep {total} numbers of {name} state together, "
+                    f"the whole model's {name} {full_state}: some numbers' state is kept on more than one rank",
+                    hint="ZeRO-1 splits the state: each number's state lives on the one rank that updates it")
+    return (f"AdamW, SGD and one more on {'/'.join(map(str, ps))} ranks; each rank's state at most its share, about "
+            "1/p, and one rank with no share")
 
 
 # ---- 4. Megatron's f and g -------------------------------------------------------------------------
@@ -513,8 +618,9 @@ def _fg_job(f, g, shapes, seed):
 
 @exercise
 def f_and_g(your_CopyToParallel, your_ReduceFromParallel):
-    """Your f and g on 3 processes, forward and backward run through each: f the identity forward and the sum
-    over ranks backward, g the sum forward and the identity backward, both autograd Functions."""
+    """Your f and g on 3 processes, forward and backward run through each, against what the tensor-parallel MLP
+    needs where x enters the ranks' slices (f) and where their partial sums meet (g): both autograd Functions,
+    neither changing a tensor it is handed."""
     seed = int(rng().integers(1 << 20))
     shapes = [(1,), (2, 5), (int(rng().integers(2, 6)), 3, int(rng().integers(1, 5)))]
     ps = world_sizes((3,))
@@ -524,8 +630,8 @@ def f_and_g(your_CopyToParallel, your_ReduceFromParallel):
         for name, ok in per_rank[0]["kinds"].items():
             require(ok, f"{names[name]} is not a torch.autograd.Function: a bare dist.all_reduce is invisible to "
                     "autograd, which then cannot know what its gradient is (and may have saved the tensor it changes)",
-                    hint=f"write class {names[name]}(torch.autograd.Function) with a forward and a backward "
-                         "@staticmethod, and call it as .apply(x)")
+                    hint="autograd sees a collective, and knows its gradient, only inside a torch.autograd.Function "
+                         "(lesson 11, *Gradients across the ranks*)")
         for i, shape in enumerate(shapes):
             for name in ("f", "g"):
                 seed_x, seed_up = seed + (name == "g"), seed + 7 + (name == "g")
@@ -535,26 +641,31 @@ def f_and_g(your_CopyToParallel, your_ReduceFromParallel):
                     case = per_rank[rank]["cases"][i][name]
                     what = f"{p} ranks, shape {shape}: {names[name]} ({name}) on rank {rank}"
                     require(case["node"] == names[name], f"{what}: the output's grad_fn is {case['node']}, not "
-                            f"{names[name]}'s backward", hint="return the result of the forward itself (autograd "
-                            "attaches your backward to it); no .detach(), no torch.no_grad()")
+                            f"{names[name]}'s backward", hint="autograd attaches your backward to what the forward "
+                            "returns: a result detached from the graph, or made under no_grad, carries none")
                     require(not case["input changed"], f"{what}: the forward changed its input in place",
-                            hint="all-reduce a copy (x.clone()): autograd may have saved the input for another backward")
+                            hint="the input is not this Function's to change: autograd may have saved it for another "
+                                 "backward (lesson 11, *Gradients across the ranks*: the invisible all-reduce)")
                     require(not case["gradient changed"], f"{what}: the backward changed the gradient it was given in "
-                            "place", hint="all-reduce a copy of it: the same gradient tensor may feed other branches")
+                            "place", hint="the incoming gradient is not this Function's to change: the same tensor may "
+                            "feed other branches of the graph")
                     out_expected = xs[rank] if name == "f" else sum(xs)
                     grad_expected = sum(ups) if name == "f" else ups[rank]
                     assert_close(case["out"], out_expected, what=f"{what}: forward", rtol=1e-10, atol=1e-12,
-                                 mistakes={"f's forward is the identity: x reaches this rank's slice unchanged":
-                                           sum(xs), "g's forward sums the ranks' partial results (an all-reduce)":
-                                           xs[rank]})
+                                 mistakes={"this forward summed over the ranks where x enters the slices: each "
+                                           "rank's slice computes from x as it is": sum(xs),
+                                           "this forward left each rank's partial result alone where the partial "
+                                           "sums meet: the output is their sum": xs[rank]})
                     require(case["grad"] is not None, f"{what}: the input got no gradient", hint="backward returns "
                             "the gradient of the input: one tensor per input of forward")
                     assert_close(case["grad"], grad_expected, what=f"{what}: the input's gradient (backward)",
                                  rtol=1e-10, atol=1e-12,
-                                 mistakes={"g's backward is the identity: each rank's partial sum enters the output "
-                                           "with weight 1, so its gradient is the output's, unchanged": sum(ups),
-                                           "f's backward sums the gradients over the ranks: x fed every rank's slice, "
-                                           "so its gradient is the sum of theirs (an all-reduce)": ups[rank]})
+                                 mistakes={"this backward summed over the ranks where the partial sums meet: each "
+                                           "partial sum enters the output with weight 1 (lesson 11, *Gradients across "
+                                           "the ranks*)": sum(ups),
+                                           "this backward kept this rank's gradient alone where x enters the slices: "
+                                           "x fed every rank's slice (lesson 11, *Gradients across the ranks*)":
+                                           ups[rank]})
     return f"3 shapes on {'/'.join(map(str, ps))} ranks, forward and backward"
 
 
@@ -648,17 +759,16 @@ def parallel_mlp(your_ParallelMLP):
                 require(torch.equal(fc_w, layer.c_fc.weight.detach()[lo:hi])
                         and torch.equal(pr_w, layer.c_proj.weight.detach()[:, lo:hi]),
                         f"{where}: rank {rank}'s weights are not rows [{lo}, {hi}) of c_fc's and the same columns of "
-                        "c_proj's", hint="slice the MLP's own weights (copies of them), in rank order")
+                        "c_proj's", hint="each rank's slices are copies of the MLP's own weights, in rank order")
                 functions = result["functions"]
                 require("ReduceFromParallel" in functions, f"{where}: the output's autograd graph holds no "
                         f"ReduceFromParallel (it holds {sorted(functions) or 'no Function of yours'})",
-                        hint="the ranks' partial sums meet in g, ReduceFromParallel.apply: a bare dist.all_reduce "
-                             "gives the right numbers here but autograd does not know it is there")
+                        hint="the ranks' partial sums meet in g: a bare dist.all_reduce gives the right numbers here, "
+                             "but autograd does not know it is there")
                 require("CopyToParallel" in functions, f"{where}: the output's autograd graph holds no CopyToParallel",
-                        hint="x enters c_fc through f, CopyToParallel.apply(x), whose backward sums x's gradient over "
-                             "the ranks")
+                        hint="x enters the ranks' slices through f, or its gradient misses the other ranks' part")
                 assert_close(result["out"], out.detach(), what=f"{where}: rank {rank}'s output", rtol=1e-9, atol=1e-11,
-                             mistakes={"add c_proj's bias once, after the sum: added before g it counts p times":
+                             mistakes={"c_proj's bias was added on every rank before the sum, so it counts p times":
                                        out.detach() + (p - 1) * layer.c_proj.bias.detach(),
                                        "GPT-2's gelu is the tanh approximation: F.gelu(h, approximate=\"tanh\")":
                                        F.linear(F.gelu(layer.c_fc(x)), layer.c_proj.weight, layer.c_proj.bias).detach(),

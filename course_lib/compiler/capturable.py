@@ -1,21 +1,29 @@
 """What a compiled step asks of the code it captures: no Python numbers that change, no values read mid-step.
 
-Chapter 12's training step does both, as eager code may:
+Chapter 12's training step (`gpt.trainer.train_step` on the capstone's library, `capstone.COURSE`) reads
+values mid-step, as eager code may:
 
-- `optim.AdamW` keeps its step count t as a Python int and bakes 1 - b1**t into each step, and a
-  training loop sets `optimizer.lr` to a new float at each step: a replay would repeat the first call's
-  numbers. Here they live in tensors (as torch's `capturable=True` optimizers keep theirs): the step count
-  is a 0-d tensor of the optimizer's state, counted up by the step itself, and `lr` is a 0-d tensor that
-  setting `optimizer.lr = value` fills in place, between calls.
-- `optim.clip_grad_norm_` reads the norm with `.item()` and tests it in Python: a graph break.
-  `clip_grad_norm` computes the same scale with tensor ops, min(1, max_norm / (norm + 1e-6)), and
+- its `clip_grad_norm` reads the global norm with `float()` and tests it in Python: a graph break.
+  `clip_grad_norm` below computes the same scale with tensor ops, min(1, max_norm / (norm + 1e-6)), and
   always multiplies by it (by exactly 1.0 when the norm is small, which changes nothing).
+- its AdamW computes the update in numpy (chapter 02's `adam_step`), reading every parameter mid-step. And
+  an Adam written with the library's ops, `optim.AdamW`, keeps its step count t as a Python int and bakes
+  1 - b1**t into each step, and a schedule gives it a new float lr at each step: a replay would repeat the
+  first call's numbers. `AdamW` below keeps them in tensors (as torch's `capturable=True` optimizers keep
+  theirs): the step count is a 0-d tensor of the optimizer's state, counted up by the step itself, and
+  `lr` is a 0-d tensor that `set_lr` fills in place, between calls.
 
-`train_step` is chapter 12's step (forward, backward, clipping, update) written with these.
+`CAPTURABLE` is the course's library with these in place of the eager ones: the `Library` that chapter 04's
+recipe takes, so the step a compiler captures is the recipe's own,
+
+    optimizer = trainer.configure_optimizer(model, cfg, CAPTURABLE)
+    step = compile(trainer.train_step)
+    loss = step(model, optimizer, x, y, cfg.grad_clip, CAPTURABLE)
 """
 
 import numpy as np
 
+from course_lib.gpt.trainer import Library
 from course_lib.tensor import Tensor, no_grad, optim, where, zeros
 
 
@@ -28,8 +36,8 @@ class AdamW(optim.AdamW):
 
     @lr.setter
     def lr(self, value):
-        """Fill the 0-d tensor in place. Set the rate this way, between calls: a schedule that writes only
-        `param_groups` (gpt.trainer.set_lr) is not read by a captured step. The groups follow, for readers."""
+        """Fill the 0-d tensor in place. Set the rate this way (CAPTURABLE.set_lr does), between calls: a
+        schedule that writes only `param_groups` is not read by a captured step. The groups follow, for readers."""
         for group in self.param_groups:
             group["lr"] = float(value.item() if isinstance(value, Tensor) else value)
         if isinstance(value, Tensor):
@@ -77,6 +85,7 @@ class Adam(AdamW):
 def clip_grad_norm(params, max_norm):
     """optim.clip_grad_norm_ without leaving the graph: every gradient times min(1, max_norm / (norm + 1e-6)).
     Returns the norm before clipping, as a 0-d tensor."""
+    params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
     with no_grad():
         norm = sum((g * g).sum() for g in grads).sqrt()
@@ -88,20 +97,9 @@ def clip_grad_norm(params, max_norm):
     return norm
 
 
-def configure_optimizer(model, cfg):
-    """As course_lib.capstone's: AdamW that decays the matrices only, with its numbers in tensors."""
-    params = model.parameters()
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    return AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+def set_lr(optimizer, lr):
+    """The schedule's way in: fill the optimizer's 0-d learning-rate tensor, between calls."""
+    optimizer.lr = lr
 
 
-def train_step(model, optimizer, x, y, grad_clip=1.0):
-    """Chapter 12's step, capturable: forward, backward, clipping, update. Returns the loss tensor."""
-    _, loss = model(x, y)
-    optimizer.zero_grad()
-    loss.backward()
-    if grad_clip:
-        clip_grad_norm(optimizer.params, grad_clip)
-    optimizer.step()
-    return loss
+CAPTURABLE = Library("course_lib.tensor, capturable", AdamW, clip_grad_norm, no_grad, set_lr=set_lr)

@@ -4,32 +4,30 @@ An eager step runs every op as its own pass over memory: GELU's seven ops read a
 tensor seven times, softmax's five ops five times. One loop that keeps the in-between values in
 registers reads the inputs once and writes what the rest of the step needs once.
 
-Which nodes may share a loop is `can_join(group, node)`, the rule:
+A group is one loop over the rows of one shape (`group.rows`: (rows, n), the number of rows of its last
+dim and their length, as `rows_of` reads a shape), at the place of its first node (`group.first`). Inside
+the loop, the element (r, j) of each node is computed from its operands' elements, so a grouping is right
+only if the loop can compute every member that way:
 
-- only elementwise nodes (map, zip, where, one_hot) and reductions over the last dim join a group;
-  products stay with BLAS, and copies into views, islands and fills stay alone;
-- a group loops over the rows of one shape, its first node's (for a reduction, its input's): `group.rows`,
-  (rows, n) as `rows_of` gives them. An elementwise node with those rows is a `vec` member; a reduction
-  over the last dim of a value with those rows makes the group a row group, whose members may also be
-  `row` values, one per row (rows (rows, 1)): the reduction's result and elementwise nodes on it;
-- a value made inside the group is read where it lies, over the node's own shape: a vec value at the
-  element's own index (FULL), a row value at the row's index (COL) by a vec member, or at its own index
-  by a row member. Another view (a transpose, a slice) would need values the loop has not made yet, or
-  made by another row;
-- a value made outside the group must exist before the group starts: the group runs as one kernel at its
-  first node's place (`group.first`), so it cannot wait for a group that starts later (`producer.start`;
-  that group might even need this one's results: a cycle).
+- the members are elementwise ops, or reductions over the last dim (a row folds its own values); products
+  stay with BLAS, and copies into views, islands and fills stay alone (`fusable`);
+- each member has the loop's rows, or one value per row in a group that reduces (the row's max, its sum);
+- a value made inside the group is read at the element the loop is making (`read_kind` says how a view
+  is read); any other view of it needs values that another row makes, or that are not made yet;
+- a value made outside the group exists when the group runs: it was made by a group that starts earlier.
 
-`group_nodes` walks the nodes in order and offers each to the group of its latest producer; when a
-node reads values of two groups (m = b1 * m + (1 - b1) * g reads both products), it then tries to
-merge them into one, member by member, with the same rule.
+Which node may join which group is the fusion rule, `rule(group, node)` (Pieces.can_join, chapter 13's
+second exercise). `group_nodes` walks the nodes in order and offers each to the group of its latest
+producer; when a node reads values of two groups (m = b1 * m + (1 - b1) * g reads both products), it
+then tries to merge them into one, member by member, with the same rule.
 """
 
 from __future__ import annotations
 
 import math
 
-from course_lib.compiler.ir import TEMP, contiguous_strides
+from course_lib.compiler.ir import TEMP
+from course_lib.tensor.tensor_data import contiguous_strides
 
 ELEMENTWISE = ("map", "zip", "where", "one_hot")
 
@@ -115,33 +113,7 @@ class Group:
         return f"<group of {len(self.nodes)} over {self.shape}: {', '.join(n.label() for n in self.nodes)}>"
 
 
-def can_join(group, node):
-    """May `node` join `group` (see the rule in the module's docstring)?"""
-    if not (group.fusable and fusable(node)):
-        return False
-    if node.kind == "reduce":
-        role, loop = "reduce", tuple(node.inputs[0].shape)
-        if node.attrs["dim"] != len(loop) - 1 or rows_of(loop) != group.rows:
-            return False
-    elif rows_of(node.shape) == group.rows:
-        role, loop = "vec", tuple(node.shape)
-    elif group.reduces and rows_of(node.shape) == (group.rows[0], 1):
-        role, loop = "row", tuple(node.shape)
-    else:
-        return False
-    for ref in node.inputs:
-        producer = ref.buffer.producer
-        if producer in group:
-            made_per_row = rows_of(producer.shape) != group.rows
-            wanted = FULL if (role == "row" or not made_per_row) else COL
-            if read_kind(ref, loop) != wanted or ref.view.offset != 0:
-                return False
-        elif producer is not None and producer.start > group.first:
-            return False
-    return True
-
-
-def group_nodes(nodes, rule=can_join):
+def group_nodes(nodes, rule):
     """Groups of the nodes (in the order they ran), in the order of their first nodes. Each node is offered
     to the groups of the nodes that made its inputs, the latest first, and starts a group of its own if
     none takes it; then the groups of its other inputs are merged into its own where the rule allows."""

@@ -3,8 +3,8 @@
 A compiled step is specialised to what its capture saw: the shapes and dtypes of its tensors (every
 kernel, every buffer of the plan is sized for them), the very objects it updates (this model, this
 optimizer), and every other argument's value (a Python number is baked into the step). `describe` writes
-that down at capture; `guard` checks a later call against it and names the first difference, which the
-compiled step prints when it captures again.
+that down at capture; the guard check (Pieces.guard, chapter 13's fourth exercise) compares a later call
+with it and names the first difference, which the compiled step prints when it captures again.
 """
 
 import numpy as np
@@ -32,34 +32,3 @@ def describe(args):
         else:
             entries.append(("value", a))
     return entries
-
-
-def guard(expected, args):
-    """None if a call with `args` may replay a step captured with `expected` (describe's entries), else a
-    sentence naming the first difference."""
-    if len(args) != len(expected):
-        return f"the step was captured with {len(expected)} arguments, this call passes {len(args)}"
-    for k, (entry, arg) in enumerate(zip(expected, args)):
-        kind = entry[0]
-        if kind == "tensor" or kind == "array":
-            same_kind = isinstance(arg, Tensor) if kind == "tensor" else is_array(arg)
-            if not same_kind:
-                return f"argument {k} is a {type(arg).__name__}, the step was captured with a {kind}"
-            shape, dtype = tuple(arg.shape), np.dtype(arg.dtype).name if kind == "tensor" else np.asarray(arg).dtype.name
-            if shape != entry[1]:
-                return f"argument {k} has shape {shape}, the step was captured with shape {entry[1]}"
-            if dtype != entry[2]:
-                return f"argument {k} has dtype {dtype}, the step was captured with {entry[2]}"
-        elif kind == "object":
-            if arg is not entry[1]:
-                return f"argument {k} is another {type(entry[1]).__name__} than the one the step was captured with"
-        elif type(arg) is not type(entry[1]) or not _same(arg, entry[1]):
-            return f"argument {k} is {arg!r}, the step was captured with {entry[1]!r} (a value is baked into the step)"
-    return None
-
-
-def _same(a, b):
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - values without a plain ==
-        return a is b

@@ -29,15 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from course_lib.tensor.tensor_data import contiguous_strides
+
 INPUT, STATE, CONST, TEMP, SCRATCH = "input", "state", "const", "temp", "scratch"
-
-
-def contiguous_strides(shape):
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Launches: what each fused group becomes in the replay, and its line of the replay's source.
 
 A group of several nodes, or one node numpy has no single call for, becomes a generated kernel
-(codegen.py, kernels.py); a product is BLAS's, through numpy's matmul with `out=`, as in the eager step; a
+(lower.py, codegen.py, kernels.py); a product is BLAS's, through numpy's matmul with `out=`, as in the eager step; a
 lone elementwise op or reduction is numpy's own call with `out=` (the very call the eager numpy backend
 makes); a copy is `np.copyto`; the embedding's gather and scatter-add are index.py's kernels; an island
 calls its op's Python on the replay's memory. `bind` names every array a launch reads or writes once, in
@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from course_lib.compiler import index, kernels
-from course_lib.compiler.codegen import blocked_source, describe, general_arguments, generate
+from course_lib.compiler.codegen import blocked_source, general_arguments, generate
 from course_lib.compiler.ir import shaped
+from course_lib.compiler.lower import describe
 from course_lib.compiler.trace import describe_where
 from course_lib.tensor import Tensor
 from course_lib.tensor.autodiff import Context

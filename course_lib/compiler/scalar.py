@@ -4,7 +4,7 @@ Each formula is the numpy backend's (tensor/numpy_backend.py) for one element, c
 own float type F (F32 or F64): a float64 constant in float32 code would turn the work into float64 work,
 with another rounding than the eager step's and half the SIMD width. So constants are written F(...),
 and the helpers below are `overload`s that pick their constants by the argument's type, as
-fused/fastexp.py does.
+simd/fastexp.py does.
 
 exp goes through fastexp's `exp_neg` (e^z for z <= 0, in plain arithmetic that LLVM vectorizes): Numba
 calls the C library's exp one value at a time, and a loop around such a call stays scalar (8 to 16 times
@@ -19,7 +19,7 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-from course_lib.fused.fastexp import MIN_EXP, exp_neg
+from course_lib.simd.fastexp import MIN_EXP, exp_neg
 
 F32, F64 = np.float32, np.float64
 

@@ -1,6 +1,6 @@
 """A compiled step: capture, confirm, build, then replay every call that passes the guards.
 
-    step = compile(train_step)            # train_step(model, optimizer, x, y) -> loss
+    step = compile(train_step)            # train_step(model, optimizer, x, y, ...) -> the loss tensor
     for x, y in batches:
         loss = step(model, optimizer, x, y)
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from course_lib.compiler import build, codegen, fuse, guards, kernels, trace
+from course_lib.compiler import answers, build, guards, kernels, trace
 from course_lib.compiler.confirm import changed_constants, describe_change, signature
 from course_lib.compiler.trace import describe_where
 
@@ -31,10 +31,10 @@ from course_lib.compiler.trace import describe_where
 class Pieces:
     """The four pieces a learner writes, the course's by default: the tracer's recording of one backend
     call, the fusion rule, the generator of one pointwise group's loop, and the guard check."""
-    record: object = trace.record
-    can_join: object = fuse.can_join
-    pointwise: object = codegen.pointwise_source
-    guard: object = guards.guard
+    record: object = answers.record
+    can_join: object = answers.can_join
+    pointwise: object = answers.pointwise_source
+    guard: object = answers.guard
 
 
 @dataclass
@@ -98,7 +98,7 @@ class CompiledStep:
                                 "on the data; compute it with tensor ops, or call it outside the compiled step", result)
         for node in graph.nodes:
             if node.kind == "island":
-                self.say(f"{node.attrs['fn'].__qualname__}.{node.attrs['phase']} works outside the backend "
+                self.say(f"{node.scope} works outside the backend "
                          f"({describe_where(node.where)}): it runs as Python inside the compiled step")
         previous = self.pending
         if previous is None or self.pieces.guard(previous[0], args) is not None:

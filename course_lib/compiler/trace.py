@@ -19,16 +19,18 @@ and what it leaves in them.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
+import types
 
 import numpy as np
 
+from course_lib.capstone import functions as capstone_functions
 from course_lib.compiler.ir import CONST, INPUT, SCRATCH, STATE, TEMP, Buffer, Graph, Node, Ref, Slot, View
 from course_lib.tensor import OPS, Tensor, autodiff, nn, optim
-from course_lib.tensor import backend as backend_module
 from course_lib.tensor import functions as F
-from course_lib.tensor.backend import Backend, current_backend, register_backend, use_backend
+from course_lib.tensor.backend import Backend, current_backend, registered_backend, use_backend
 from course_lib.tensor.tensor_data import TensorData
 
 
@@ -39,16 +41,34 @@ class Unsupported(RuntimeError):
 # ---- where an op came from --------------------------------------------------------------------------
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_TENSOR = os.path.join(os.path.dirname(_HERE), "tensor")
-_FAST = os.path.join(os.path.dirname(_HERE), "fast")
-# the library's plumbing: an op's line is the first frame outside these files
-_PLUMBING = {os.path.join(_TENSOR, f) for f in
-             ("autodiff.py", "tensor.py", "functions.py", "backend.py", "numpy_backend.py", "tensor_data.py")}
+
+
+def _core_files(module, package="course_lib.tensor."):
+    """The files of `module` and of every module of `package` it reaches through its names, at any depth.
+    From tensor.py: autodiff, the op registry and its Functions, TensorData, the backend interface, the
+    scalar ops -- the plumbing an op passes through between the line that asked for it and its backend
+    call. The modules written with ops (nn.py's layers, optim.py's optimizers) are not reached, so a
+    message names their lines."""
+    todo, seen = [module], {}
+    while todo:
+        m = todo.pop()
+        if m.__name__ in seen:
+            continue
+        seen[m.__name__] = os.path.abspath(m.__file__)
+        for value in vars(m).values():
+            if not isinstance(value, types.ModuleType):
+                value = sys.modules.get(getattr(value, "__module__", None) if isinstance(value, type) or
+                                        inspect.isfunction(value) else type(value).__module__)
+            if value is not None and value.__name__.startswith(package):
+                todo.append(value)
+    return set(seen.values())
+
+
+_PLUMBING = _core_files(sys.modules["course_lib.tensor.tensor"])
 
 
 def _is_plumbing(filename):
-    return filename in _PLUMBING or filename.startswith(_FAST) or (
-        filename.startswith(_HERE) and not filename.endswith("capturable.py"))
+    return filename in _PLUMBING or (filename.startswith(_HERE) and not filename.endswith("capturable.py"))
 
 
 def where_from(depth=2, frames=2):
@@ -59,9 +79,18 @@ def where_from(depth=2, frames=2):
         code = frame.f_code
         if not _is_plumbing(os.path.abspath(code.co_filename)) and \
                 (not found or code.co_filename != found[-1][0]):
-            found.append((code.co_filename, frame.f_lineno, code.co_name))
+            found.append((code.co_filename, frame.f_lineno, _function_of(code)))
         frame = frame.f_back
     return tuple(found)
+
+
+def _function_of(code):
+    """The name of the function a line is in: for a generator expression or a comprehension
+    (`<genexpr>`), the function that holds it (its qualified name says which: `f.<locals>.<genexpr>`)."""
+    if not code.co_name.startswith("<") or code.co_name == "<module>":
+        return code.co_name
+    named = [part for part in code.co_qualname.split(".<locals>.") if not part.startswith("<")]
+    return named[-1].rsplit(".", 1)[-1] if named else code.co_name
 
 
 def describe_where(where):
@@ -163,18 +192,21 @@ TRACING = TracingBackend()
 def tracing(tracer):
     """Inside the block, every backend call and every op goes to `tracer`. The tracing backend is
     registered for the block only, so the library's list of backends is the same before and after."""
-    register_backend(TRACING.name, TRACING)
     TRACING.tracer = tracer
     try:
-        with use_backend(TRACING.name), autodiff.op_mode(tracer):
+        with registered_backend(TRACING.name, TRACING), use_backend(TRACING.name), autodiff.op_mode(tracer):
             yield
     finally:
         TRACING.tracer = None
-        backend_module.REGISTRY.pop(TRACING.name, None)
-        backend_module._loaded.pop(TRACING.name, None)
 
 
 # ---- the tracer ---------------------------------------------------------------------------------------
+
+def op_name(fn):
+    """The name of a library op in the messages and pictures: its class's, or the `label` of a Function that
+    stands in for a registry op (chapter 12's assembly names each adapter by the op it runs: "MatMul")."""
+    return getattr(fn, "label", None) or fn.__name__
+
 
 class Scope:
     """A library op being watched: its Function, forward or backward, and what it was given."""
@@ -186,7 +218,7 @@ class Scope:
 
     @property
     def name(self):
-        return f"{self.fn.__name__}.{self.phase}"
+        return f"{op_name(self.fn)}.{self.phase}"
 
 
 def tensors_in(value, out, depth=0):
@@ -203,26 +235,22 @@ def tensors_in(value, out, depth=0):
     return out
 
 
-LIBRARY = {"Embedding": F.Embedding, "CrossEntropy": F.CrossEntropy}   # as imported (a learner's swap aside)
-
-
-def _routed(fn):
-    """The Function that `fn` runs: fn itself, or the one named `inner` by a Function that only routes the
-    calls of another (chapter 12's assembly routes each op through its meter: ch12_capstone.Routed)."""
-    inner = getattr(fn, "inner", None)
-    return inner if isinstance(inner, type) else fn
+# The ops the tracer knows by their meaning rather than by their backend calls: chapter 12's fused Embedding
+# (numpy inside, as the capstone GPT installs it), lowered to index kernels, and the library's CrossEntropy,
+# whose one-hot targets it makes from the step's integer input.
+LIBRARY = {"Embedding": capstone_functions.Embedding, "CrossEntropy": F.CrossEntropy}
 
 
 def _is(fn, library_fn):
-    """fn is the library's op, or a subclass that keeps its forward (and so its meaning), or routes it."""
-    fn = _routed(fn)
+    """fn is that op, or a subclass that keeps its forward (and so its meaning)."""
     return isinstance(fn, type) and issubclass(fn, library_fn) and fn.forward is library_fn.forward
 
 
 class Tracer:
-    """Records one call of a step. `record` is the heart: one node per backend call."""
+    """Records one call of a step. Its recorder is the heart: one node per backend call (Pieces.record,
+    chapter 13's first exercise), called as recorder(tracer, kind, op, inputs, out, into, attrs)."""
 
-    def __init__(self, inner, recorder=None):
+    def __init__(self, inner, recorder):
         self.inner = inner                  # the backend that computes the values
         self.nodes, self.buffers = [], []
         self.by_storage = {}                # id(storage) -> Buffer
@@ -231,7 +259,7 @@ class Tracer:
         self.int_inputs = []                # (argument index, Buffer) of the integer arrays passed in
         self.dropped = set()                # buffers made inside an island: only the island knows them
         self.island_of_ctx = {}             # id(ctx) -> the forward island that made it
-        self._record = recorder or record   # the recording function: the course's, or the learner's
+        self._record = recorder             # the recording function: the course's, or the learner's
 
     # ---- buffers
     def buffer(self, kind, array, name="", origin=None):
@@ -244,20 +272,22 @@ class Tracer:
         return buf
 
     def value_of(self, td):
-        """The Ref a node reads for the TensorData `td`: its buffer (a new const if the memory is new to the
-        tracer, its values copied now) and its view."""
-        buf = self.by_storage.get(id(td.storage))
-        if buf is None:
-            buf = self.buffer(CONST, td.storage, origin=where_from(3))
-            buf.value = np.array(td.storage)  # a copy: the library may reuse the memory later
-        elif buf.id in self.dropped:
+        """The Ref of the TensorData `td` outside a recorded call (an island's operands, the state the step
+        leaves, its result): the buffer of its memory, or a constant of the values it holds now."""
+        buf = self.by_storage.get(id(td.storage)) or self._constant(td.storage, where_from(3))
+        if buf.id in self.dropped:
             raise Unsupported(f"{describe_where(where_from(3))} reads a value made inside an op that runs "
                               "outside the backend; the compiler cannot see how it was made")
         return Ref(buf, View.of(td))
 
+    def _constant(self, storage, origin):
+        constant = self.buffer(CONST, storage, origin=origin)
+        constant.value = np.array(storage)   # a copy: the library may reuse the memory later
+        return constant
+
     # ---- recording
     def record(self, kind, op, inputs, out, into=False, **attrs):
-        """Append the node for one backend call (see `record` below)."""
+        """Append the node for one backend call, made by the recorder."""
         scope = self.scopes[0].name if self.scopes else ""   # the op the step called (LayerNorm, not its Sub)
         node = self._record(self, kind, op, inputs, out, into, attrs)
         node.scope, node.where = scope, where_from(3, 1)
@@ -338,7 +368,7 @@ class Tracer:
         self.dropped |= inner
         first = next((r for r in outs_refs if r is not None), None)
         kwargs = {k: self.argument(v) for k, v in scope.kwargs.items()}
-        node = Node(len(self.nodes), "island", scope.fn.__name__, refs, first,
+        node = Node(len(self.nodes), "island", op_name(scope.fn), refs, first,
                     dict(fn=scope.fn, phase=scope.phase, kwargs=kwargs, outs=outs_refs, made=made, tensors=len(refs)),
                     scope.name, where_from(3, 1))
         for r, m in zip(outs_refs, made):
@@ -358,9 +388,9 @@ class Tracer:
         self.nodes.append(node)
 
     def lower_embedding(self, scope, outs):
-        """The library's Embedding as a gather node (forward) and a scatter-add node (backward, if it is
-        the library's), instead of islands; False where the layouts are not the plain ones."""
-        fn = _routed(scope.fn)
+        """Chapter 12's Embedding as a gather node (forward) and a scatter-add node (backward, if it is
+        chapter 12's too), instead of islands; False where the layouts are not the plain ones."""
+        fn = scope.fn
         library = LIBRARY["Embedding"]
         if not _is(fn, library) or (scope.phase == "backward" and fn.backward is not library.backward):
             return False
@@ -384,8 +414,8 @@ class Tracer:
         buf = self.buffer(TEMP, out.data.storage)
         node = Node(len(self.nodes), kind, "", [self.value_of(source.data), ref], Ref(buf, View.of(out.data)),
                     dict(width=width), scope.name, where_from(3, 1))
-        buf.producer = node
         self.nodes.append(node)
+        buf.producer = node
         return True
 
     def argument(self, value):
@@ -430,32 +460,8 @@ class Tracer:
         buf = self.buffer(TEMP, storage)
         node = Node(len(self.nodes), "one_hot", "", [ref], Ref(buf, View.of(target.data)),
                     dict(classes=target.shape[1], matched=how), "cross_entropy", where_from(3, 1))
-        buf.producer = node
         self.nodes.append(node)
-
-
-def record(tracer, kind, op, inputs, out, into, attrs):
-    """One backend call as a node (chapter 13's first exercise). Each input is looked up by its memory: a
-    buffer the graph knows (an input, state, a value an earlier node made), or memory the step's ops did
-    not make, a new constant whose values are copied now. The output's memory becomes a new buffer that
-    this node makes, or, with `into`, the call wrote into a view of a scratch buffer: the node is that
-    buffer's latest writer and comes after the previous one."""
-    refs = []
-    for td in inputs:
-        buf = tracer.by_storage.get(id(td.storage))
-        if buf is None:
-            buf = tracer.buffer(CONST, td.storage)
-            buf.value = np.array(td.storage)
-        refs.append(Ref(buf, View.of(td)))
-    if into:
-        buf = tracer.by_storage[id(out.storage)]
-        attrs = dict(attrs, into=True, after=buf.producer)
-    else:
-        buf = tracer.buffer(TEMP, out.storage)
-    node = Node(len(tracer.nodes), kind, op, refs, Ref(buf, View.of(out)), attrs)
-    buf.producer = node
-    tracer.nodes.append(node)
-    return node
+        buf.producer = node
 
 
 # ---- one capture ----------------------------------------------------------------------------------------
@@ -487,8 +493,9 @@ def _refs(value, tracer):
     return value
 
 
-def capture(fn, args, recorder=None):
-    """Run fn(*args) once with every op recorded; return (Graph, the call's result).
+def capture(fn, args, recorder):
+    """Run fn(*args) once with every op recorded by `recorder` (Pieces.record); return (Graph, the call's
+    result).
 
     The call really happens, on the backend that is current: its result and its effects on the
     arguments' objects (an optimizer step) are those of an eager call."""

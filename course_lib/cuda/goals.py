@@ -1,8 +1,8 @@
 """What each chapter 07 exercise's kernel must do, as pictures: `goal("pool3")`.
 
-A goal traces the course's reference kernel for the exercise (course_lib.cuda.puzzles and .matmul)
-with the tracer of trace.py, at the exercise's block sizes and on fixed inputs, and draws which
-thread reads and writes which element. It never runs the learner's kernel.
+A goal traces the course's own kernel for the exercise with the tracer of trace.py, at the exercise's
+block sizes and on fixed inputs, and draws which thread reads and writes which element: a picture of
+what the kernel does, never its code. It never runs the learner's kernel.
 """
 
 import numpy as np
@@ -50,21 +50,41 @@ def _goals(tpb, tile):
                          [("draw", {"label": "xy", "color": "phase", "arrays": ["A", "B", "C"],
                                     "note": "one block over a 3x5 C\ncolour = barrier "
                                     "phase (each tile of K is loaded in its own phase)"})]),
+        "matmul_1d": (1, (16, 4), dict(A=u(13, 10), B=u(10, 14), C=nan(13, 14)),
+                      [("draw", {"color": "phase", "kinds": ("read",), "arrays": ["A", "B"],
+                                 "note": "BM, BN, BK, TM = 16, 16, 4, 4: one block over a 13x14 C\ncolour = barrier "
+                                         "phase: the block loads a 16x4 tile of A and a 4x16 tile of B per step"})]),
+        "matmul_2d": (1, (8, 8), dict(A=u(20, 19), B=u(19, 22), C=nan(20, 22)),
+                      [("draw", {"color": "phase", "kinds": ("read",), "arrays": ["A", "B"],
+                                 "note": "BM, BN, BK, TM, TN = 32, 32, 8, 4, 4: one block over a 20x22 C\ncolour = "
+                                         "barrier phase: the block loads a 32x8 tile of A and an 8x32 tile of B per step"})]),
     }
 
 
 def goal_kernel(name, tpb, tile):
-    """The library's reference kernel for the exercise `name`, with the exercise's TPB and TILE."""
+    """The library's kernel for the exercise `name`, with the exercise's TPB and TILE (the ladder's at the
+    sizes its check uses first)."""
     from course_lib.cuda import matmul, puzzles
 
-    kernel = getattr(puzzles, "k_" + name, None) or getattr(matmul, "k_" + name)
-    return rebind(kernel, TPB=tpb, TILE=tile, POOL_BUF=tpb + 2, CONV_BUF=tpb + puzzles.MAX_K - 1)
+    ladder = {"matmul_naive": lambda: matmul.k_matmul_naive, "matmul_tiled": lambda: matmul.tiled_kernel(tile),
+              "matmul_1d": lambda: matmul.blocked_1d_kernel(16, 16, 4, 4),
+              "matmul_2d": lambda: matmul.blocked_2d_kernel(32, 32, 8, 4, 4)}
+    if name in ladder:
+        return ladder[name]()
+    return rebind(getattr(puzzles, "k_" + name), TPB=tpb, POOL_BUF=tpb + 2, CONV_BUF=tpb + puzzles.MAX_K - 1)
+
+
+def reference(name, tpb=8, tile=8):
+    """The course's own kernel for the chapter 07 exercise `name`, to run under the tracer, as the goal
+    pictures do: `trace(reference("pool3"), 3, 8, a=a, out=out).draw()`. Its code is the exercise's
+    answer; read it once your check passes."""
+    return goal_kernel(name, tpb, tile)
 
 
 def goal(name, tpb=8, tile=8):
     """Draw what the chapter 07 exercise `name` must do: which thread reads and writes which
-    element. The picture traces the course's reference kernel for it (course_lib.cuda.puzzles
-    and .matmul) at the exercise's sizes, on fixed inputs; it never runs your kernel."""
+    element. The picture traces the course's own kernel for it at the exercise's sizes, on fixed
+    inputs; it never runs your kernel."""
     import matplotlib.pyplot as plt
 
     goals = _goals(tpb, tile)

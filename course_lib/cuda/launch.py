@@ -126,7 +126,7 @@ def _non_constant_sizes(fn):
     """The shared and local array calls in fn whose shape the compiler cannot see as a constant.
 
     A GPU compiles these arrays with their size: an int literal, a name bound outside the kernel to
-    an int (a global or a closure's variable), or a tuple of those. `TPB + 2`, `a.shape[0]` or
+    an int or a tuple of ints (a global or a closure's variable), or a tuple of those. `TPB + 2`, `a.shape[0]` or
     `len(w)` are computed when the kernel runs, too late. Returns the offending calls' source text.
     """
     try:
@@ -146,7 +146,9 @@ def _non_constant_sizes(fn):
         if isinstance(node, ast.Constant):
             return isinstance(node.value, int)
         if isinstance(node, ast.Name):
-            return isinstance(outside.get(node.id), int) or node.id in local_ints
+            value = outside.get(node.id)
+            ints = isinstance(value, int) or (isinstance(value, tuple) and all(isinstance(v, int) for v in value))
+            return ints or node.id in local_ints
         if isinstance(node, ast.Attribute):                 # a module's constant, e.g. P.TPB
             return True
         if isinstance(node, ast.Tuple):

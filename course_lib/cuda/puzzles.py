@@ -1,4 +1,6 @@
-"""The puzzle kernels, from a one-line map to a block scan, each with a host function.
+"""The course's answers to the CUDA puzzles of chapter 07 (exercises 07.1 to 07.13), each with a host function.
+
+Read a kernel here once its check passes: each one's docstring says which exercise it answers.
 
 Every kernel reads `cuda` from the module-level `numba.cuda`, so the same code runs on
 Numba's simulator and on a GPU. Shared-array sizes must be compile-time constants: a number
@@ -25,6 +27,7 @@ CONV_BUF = TPB + MAX_K - 1    # conv1d's: the block's chunk, then a right halo o
 # 1. map: one thread per element, exactly as many threads as elements.
 @cuda.jit
 def k_map_add10(a, out):
+    """The course's answer to exercise 07.1 (`map_add10`): read it once your check passes."""
     i = cuda.threadIdx.x
     out[i] = a[i] + 10
 
@@ -38,6 +41,7 @@ def map_add10(a):
 # 2. zip: two inputs, one output.
 @cuda.jit
 def k_zip_add(a, b, out):
+    """The course's answer to exercise 07.2 (`zip_add`): read it once your check passes."""
     i = cuda.threadIdx.x
     out[i] = a[i] + b[i]
 
@@ -51,6 +55,7 @@ def zip_add(a, b):
 # 3. guard: more threads than elements; the extra threads must do nothing.
 @cuda.jit
 def k_guard_add10(a, out):
+    """The course's answer to exercise 07.3 (`guard_add10`): read it once your check passes."""
     i = cuda.threadIdx.x
     if i < a.size:
         out[i] = a[i] + 10
@@ -65,8 +70,9 @@ def guard_add10(a, threads=None):
 # 4. 2-D map: x runs along columns (the fast, contiguous axis), y along rows.
 @cuda.jit
 def k_map2d_add10(a, out):
-    col = cuda.threadIdx.x
+    """The course's answer to exercise 07.4 (`map2d_add10`): read it once your check passes."""
     row = cuda.threadIdx.y
+    col = cuda.threadIdx.x
     if row < a.shape[0] and col < a.shape[1]:
         out[row, col] = a[row, col] + 10
 
@@ -80,6 +86,7 @@ def map2d_add10(a):
 # 5. broadcast: a column (n, 1) plus a row (1, m) gives an (n, m) table.
 @cuda.jit
 def k_broadcast_add(a, b, out):
+    """The course's answer to exercise 07.5 (`broadcast_add`): read it once your check passes."""
     col = cuda.threadIdx.x
     row = cuda.threadIdx.y
     if row < out.shape[0] and col < out.shape[1]:
@@ -95,6 +102,7 @@ def broadcast_add(a, b):
 # 6. blocks: many blocks; a thread's global index is blockIdx * blockDim + threadIdx.
 @cuda.jit
 def k_blocks_add10(a, out):
+    """The course's answer to exercise 07.6 (`blocks_add10`): read it once your check passes."""
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x   # what cuda.grid(1) returns
     if i < a.size:
         out[i] = a[i] + 10
@@ -109,6 +117,7 @@ def blocks_add10(a, tpb=8):
 # 7. 2-D blocks: cuda.grid(2) gives (x, y) = (column, row).
 @cuda.jit
 def k_blocks2d_add10(a, out):
+    """The course's answer to exercise 07.7 (`blocks2d_add10`): read it once your check passes."""
     col, row = cuda.grid(2)
     if row < a.shape[0] and col < a.shape[1]:
         out[row, col] = a[row, col] + 10
@@ -126,6 +135,7 @@ def blocks2d_add10(a, block=(8, 4)):
 #    the barrier in between is what makes that read safe.
 @cuda.jit
 def k_block_reverse(a, out):
+    """The course's answer to exercise 07.8 (`block_reverse`): read it once your check passes."""
     t = cuda.threadIdx.x
     start = cuda.blockIdx.x * TPB
     i = start + t
@@ -148,9 +158,10 @@ def block_reverse(a):
 #    memory with a halo of 2 elements loaded from the previous block's range.
 @cuda.jit
 def k_pool3(a, out):
+    """The course's answer to exercise 07.9 (`pool3`): read it once your check passes."""
+    buf = cuda.shared.array(POOL_BUF, a.dtype)
     t = cuda.threadIdx.x
     i = cuda.blockIdx.x * TPB + t
-    buf = cuda.shared.array(POOL_BUF, a.dtype)
     if i < a.size:
         buf[t + 2] = a[i]
     if t < 2:                              # two threads also load the halo
@@ -171,9 +182,10 @@ def pool3(a):
 #     in shared memory: TPB/2 partial sums, then TPB/4, ... with a barrier per level.
 @cuda.jit
 def k_dot_partial(a, b, partial):
+    """The course's answer to exercise 07.10 (`dot_partial`): read it once your check passes."""
+    buf = cuda.shared.array(TPB, a.dtype)
     t = cuda.threadIdx.x
     i = cuda.grid(1)
-    buf = cuda.shared.array(TPB, a.dtype)
     buf[t] = a[i] * b[i] if i < a.size else 0.0
     cuda.syncthreads()
     step = TPB // 2
@@ -196,6 +208,7 @@ def dot(a, b):
 #     A block loads its TPB elements plus a right halo of K-1, and the weights.
 @cuda.jit
 def k_conv1d(a, w, out):
+    """The course's answer to exercise 07.11 (`conv1d`): read it once your check passes."""
     t = cuda.threadIdx.x
     i = cuda.blockIdx.x * TPB + t
     K = w.size
@@ -226,6 +239,7 @@ def conv1d(a, w):
 #     pass that adds to every block the total of the blocks before it.
 @cuda.jit
 def k_block_scan(a, out, block_sums):
+    """The course's answer to exercise 07.12 (`block_scan`): read it once your check passes."""
     t = cuda.threadIdx.x
     i = cuda.grid(1)
     buf = cuda.shared.array(TPB, a.dtype)
@@ -266,6 +280,7 @@ def prefix_sum(a, block_scan=k_block_scan):
 # 13. axis sum: one block per row; threads stride over the columns, then reduce.
 @cuda.jit
 def k_row_sum(a, out):
+    """The course's answer to exercise 07.13 (`row_sum`): read it once your check passes."""
     t = cuda.threadIdx.x
     row = cuda.blockIdx.x
     buf = cuda.shared.array(TPB, a.dtype)

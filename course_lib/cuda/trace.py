@@ -5,25 +5,41 @@
     t.draw(highlight=(0, 3))        # only what thread 3 of block 0 touched
     t.warp_report()                 # memory transactions and bank conflicts per warp access
     t.draw_steps("buf (shared, block 0)")   # one shared array, barrier phase by barrier phase
+    print(t.profile(multiply_adds=m * n * k))    # the launch's memory traffic, conflicts and hazards
+    t.races()                       # pairs of threads that touch one address with no barrier between
 
 The kernel's own Python source runs, one Python thread per CUDA thread, with a stand-in
 for `numba.cuda` (the module-level name `cuda` in the kernel's globals is swapped for
 it). `syncthreads` is a real barrier. Every array, global or shared, is wrapped so
-that each read and write is logged with the block, thread, index and barrier phase.
-Unlike the simulator, the tracer also flags negative indices, which wrap silently.
+that each read and write is logged with the block, thread, index, barrier phase and source
+line. Unlike the simulator, the tracer also flags negative indices, which wrap silently.
+
+So the tracer is a profiler and a sanitizer for machines without a GPU, the counterpart of
+Nsight Compute and compute-sanitizer on one:
+- memory traffic: global loads and stores, the 32-byte sectors each warp access touches, and
+  accesses that touch more than twice the sectors their bytes need (uncoalesced);
+- shared memory: each warp access's bank conflict (the most distinct words one bank serves);
+- out-of-bounds and negative indices (`sanitize` records them instead of stopping);
+- races: two threads of a block that touch one shared or global address in the same barrier
+  phase, at least one of them writing, are not ordered, so a write may land before or after
+  the other thread's access. Each race is named with both threads and both source lines.
+Local arrays (`cuda.local.array`) are registers: the tracer does not count them.
 """
 
 import linecache
+import re
 import sys
 import threading
 import types
 from collections import defaultdict, namedtuple
+from dataclasses import dataclass, field
 
 import numba
 import numpy as np
 from numba import cuda as _real_cuda
 
-Access = namedtuple("Access", "block thread array index kind phase order")
+Access = namedtuple("Access", "block thread array index kind phase order line")
+Race = namedtuple("Race", "array index block phase first second")          # first, second: Access
 
 
 class KernelTraceError(RuntimeError):
@@ -47,27 +63,34 @@ class _Array:
         self.shape, self.size, self.ndim, self.dtype = data.shape, data.size, data.ndim, data.dtype
 
     def _index(self, idx):
+        """The index as a tuple of ints, or None for an out-of-bounds access the tracer records."""
         idx = idx if isinstance(idx, tuple) else (idx,)
         if len(idx) != self.ndim or not all(isinstance(i, (int, np.integer)) for i in idx):
             raise KernelTraceError(f"{self.name}[{idx}]: the tracer follows one element at a time")
         idx = tuple(int(i) for i in idx)
         for i, n in zip(idx, self.shape):
             if i < 0:
-                raise KernelTraceError(f"{self.name}{list(idx)} by {self.tracer.who()}: a negative index. "
-                                 f"The simulator would wrap it silently to the end of the array; "
-                                 f"a GPU would read memory before the array.")
+                return self.tracer.out_of_bounds(
+                    f"{self.name}{list(idx)} by {self.tracer.who()} at {self.tracer.where()}: a negative index. "
+                    f"The simulator would wrap it silently to the end of the array; "
+                    f"a GPU would read memory before the array.")
             if i >= n:
-                raise KernelTraceError(f"{self.name}{list(idx)} by {self.tracer.who()}: out of bounds "
-                                 f"(shape {self.shape}). A guard `if i < n:` is missing.")
+                return self.tracer.out_of_bounds(
+                    f"{self.name}{list(idx)} by {self.tracer.who()} at {self.tracer.where()}: out of bounds "
+                    f"(shape {self.shape}). A guard `if i < n:` is missing.")
         return idx
 
     def __getitem__(self, idx):
         idx = self._index(idx)
+        if idx is None:                             # recorded; the thread goes on with a zero
+            return self.dtype.type(0)
         self.tracer.log(self.name, idx, "read")
         return self.data[idx]
 
     def __setitem__(self, idx, value):
         idx = self._index(idx)
+        if idx is None:
+            return
         self.tracer.log(self.name, idx, "write")
         self.data[idx] = value
 
@@ -76,24 +99,45 @@ class _Array:
 
 
 class Tracer:
-    def __init__(self, grid, block):
+    def __init__(self, grid, block, record_errors=False):
         self.grid, self.block = _dim3(grid), _dim3(block)
         self.local = threading.local()
         self.events = []
         self.lock = threading.Lock()
         self.shared = {}
+        self.record_errors, self.errors = record_errors, []
+        self.code = self.source = None                # the kernel's code and file: accesses are logged at its lines
 
     def who(self):
         return f"thread {tuple(self.local.thread)[:self._nd()]} of block {tuple(self.local.block)[:self._nd()]}"
 
+    def where(self):
+        return f"line {self._line()}"
+
     def _nd(self):
         return _ndim(self.grid, self.block)
+
+    def _line(self):
+        """The line of the kernel's source that is running in this thread (0 if none is found)."""
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_code is not self.code:
+            frame = frame.f_back
+        return frame.f_lineno if frame is not None else 0
+
+    def out_of_bounds(self, message):
+        """Raise KernelTraceError, or (sanitize) record the message and let the thread go on."""
+        if not self.record_errors:
+            raise KernelTraceError(message)
+        with self.lock:
+            self.errors.append(message)
+        return None
 
     def log(self, name, idx, kind):
         loc = self.local
         loc.order += 1
+        line = self._line()
         with self.lock:
-            self.events.append(Access(loc.blk_id, loc.thr_id, name, idx, kind, loc.phase, loc.order))
+            self.events.append(Access(loc.blk_id, loc.thr_id, name, idx, kind, loc.phase, loc.order, line))
 
     # --- the stand-in for numba.cuda -------------------------------------------------
     def module(self):
@@ -104,6 +148,10 @@ class Tracer:
             pos = [b[a] * tr.block[a] + t[a] for a in range(3)]
             return pos[0] if ndim == 1 else tuple(pos[:ndim])
 
+        def gridsize(ndim):
+            size = [tr.grid[a] * tr.block[a] for a in range(3)]
+            return size[0] if ndim == 1 else tuple(size[:ndim])
+
         def syncthreads():
             tr.local.phase += 1
             try:
@@ -113,7 +161,7 @@ class Tracer:
                                  "(one inside an `if` that some threads skip?). On a GPU this hangs "
                                  "or corrupts results.") from None
 
-        def shared_array(shape, dtype):
+        def shared_array(shape, dtype, alignment=None):
             caller = sys._getframe(1)
             key = (tr.local.blk_id, caller.f_code.co_filename, caller.f_lineno)
             with tr.lock:
@@ -137,7 +185,8 @@ class Tracer:
 
         # The parts of numba.cuda a kernel uses, answered for the calling Python thread.
         cls = type("FakeCuda", (types.SimpleNamespace,), {"threadIdx": _Idx("thread"), "blockIdx": _Idx("block")})
-        return cls(blockDim=self.block, gridDim=self.grid, grid=grid, syncthreads=syncthreads,
+        return cls(blockDim=self.block, gridDim=self.grid, grid=grid, gridsize=gridsize, warpsize=32,
+                   syncthreads=syncthreads,
                    shared=types.SimpleNamespace(array=shared_array),
                    local=types.SimpleNamespace(array=local_array))
 
@@ -147,6 +196,7 @@ class Tracer:
         fake = self.module()
         glob = {k: (fake if v is _real_cuda else v) for k, v in fn.__globals__.items()}
         fn = types.FunctionType(fn.__code__, glob, fn.__name__, fn.__defaults__, fn.__closure__)
+        self.code, self.source = fn.__code__, fn.__code__.co_filename
         errors = []
 
         def body(blk, thr, blk_id, thr_id):
@@ -194,6 +244,20 @@ class Trace:
         self.arrays = dict(arrays)                           # name -> numpy array (results)
         for arr in tracer.shared.values():
             self.arrays[arr.name] = arr.data
+        self.shared_names = {arr.name for arr in tracer.shared.values()}
+        self.out_of_bounds = list(tracer.errors)             # recorded by `sanitize`; `trace` raises instead
+        self.source = tracer.source
+
+    def source_line(self, line):
+        """The text of one line of the kernel's source."""
+        text = linecache.getline(self.source, line) if self.source and line else "?"
+        return re.sub(r"\s+#.*$", "", text).strip()                 # without its comment
+
+    def _block_label(self, block):
+        gx, gy = self.grid.x, self.grid.y
+        x, y, z = block % gx, block // gx % gy, block // (gx * gy)
+        nd = _ndim(self.grid, self.block)
+        return str(x) if nd == 1 else f"({x},{y})" if nd == 2 else f"({x},{y},{z})"
 
     def accesses(self, array=None, kind=None, block=None, thread=None):
         return [e for e in self.events if (array is None or e.array == array) and (kind is None or e.kind == kind)
@@ -329,11 +393,170 @@ class Trace:
         return report
 
 
-def trace(kernel, grid, block, **arrays):
+    # ---- warps, races and the profile of the launch ---------------------------------------------------
+    def warp_accesses(self, warp=32):
+        """{(array, kind, block, warp, line, n): {flat index: how many threads}}: the accesses each warp makes
+        at once. The threads of a warp run one instruction at a time, so the n-th time each thread of the
+        warp runs the access to an array on a source line is one warp-wide access; threads that skip it
+        (behind an `if`) are not part of it."""
+        groups = defaultdict(lambda: defaultdict(int))
+        seen = defaultdict(int)
+        strides = {name: np.array(a.strides) // a.itemsize for name, a in self.arrays.items()}
+        for e in self.events:
+            count = (e.block, e.thread, e.array, e.kind, e.line)
+            n = seen[count]
+            seen[count] = n + 1
+            flat = int(sum(i * st for i, st in zip(e.index, strides[e.array])))
+            groups[e.array, e.kind, e.block, e.thread // warp, e.line, n][flat] += 1
+        return groups
+
+    def races(self):
+        """The hazards of the launch: two threads of one block that touch one address (shared or global) in
+        the same barrier phase, at least one of them writing. Nothing orders them, so the read may see
+        the value before or after the write (or one write may be lost). One Race per address: the first
+        write, and the first access of another thread (a read if there is one)."""
+        touched = defaultdict(list)
+        for e in self.events:
+            touched[e.block, e.array, e.index, e.phase].append(e)
+        found = []
+        for (block, array, index, phase), events in touched.items():
+            write = next((e for e in events if e.kind == "write"), None)
+            if write is None:
+                continue
+            others = [e for e in events if e.thread != write.thread]
+            if others:
+                other = next((e for e in others if e.kind == "read"), others[0])
+                found.append(Race(array, index, block, phase, write, other))
+        return sorted(found, key=lambda r: (r.block, r.first.order, r.array, r.index))
+
+    def describe_race(self, race):
+        """One race in words: the address, the two threads, what each did and on which line."""
+        w, o = race.first, race.second
+        verb = "reads" if o.kind == "read" else "writes"
+
+        def thread(t):
+            label = self._thread_label(t)
+            return f"thread ({label})" if "," in label else f"thread {label}"
+
+        return (f"{race.array}{list(race.index)} in block {self._block_label(race.block)}: {thread(w.thread)} writes "
+                f"it at line {w.line} (`{self.source_line(w.line)}`) and {thread(o.thread)} {verb} it at line {o.line} "
+                f"(`{self.source_line(o.line)}`), both after {race.phase} barrier(s): nothing orders them, so a "
+                f"cuda.syncthreads() between the two is missing")
+
+    def profile(self, multiply_adds=None, warp=32, banks=32, sector_bytes=32):
+        """The launch's Profile: memory traffic, bank conflicts, uncoalesced accesses, out-of-bounds accesses
+        and races. `multiply_adds` (say m * n * k for a matmul) turns the counts into rates."""
+        p = Profile(tuple(self.grid), tuple(self.block), multiply_adds)
+        for (array, kind, block, w, line, n), words in self.warp_accesses(warp).items():
+            threads = sum(words.values())
+            if array in self.shared_names:
+                if kind == "read":
+                    p.shared_loads += threads
+                else:
+                    p.shared_stores += threads
+                ways = int(np.bincount([f % banks for f in words], minlength=banks).max())   # distinct words per bank
+                p.wavefronts += ways
+                p.shared_accesses += 1
+                if ways > 1:
+                    p.conflicts[(array, kind, line)] = max(ways, p.conflicts.get((array, kind, line), 0))
+                continue
+            item = self.arrays[array].itemsize
+            sectors = len({f * item // sector_bytes for f in words})
+            needed = -(-len(words) * item // sector_bytes)
+            if kind == "read":
+                p.global_loads += threads
+            else:
+                p.global_stores += threads
+            p.sectors += sectors
+            p.global_accesses += 1
+            if sectors > 2 * needed:
+                key = (array, kind, line)
+                p.uncoalesced_count += 1
+                worst = p.uncoalesced.get(key, (0, 0))
+                p.uncoalesced[key] = max(worst, (sectors, needed))
+        p.out_of_bounds = list(self.out_of_bounds)
+        p.races = [self.describe_race(r) for r in self.races()]
+        p.lines = {line: self.source_line(line) for _, _, line in (*p.conflicts, *p.uncoalesced)}
+        return p
+
+
+@dataclass
+class Profile:
+    """What one traced launch did with memory, and what went wrong: the course's Nsight and sanitizer.
+
+    Counts are per element access of global arrays (the kernel's arguments) and shared arrays; a warp
+    access is what the threads of one warp do at once (Trace.warp_accesses)."""
+    grid: tuple
+    block: tuple
+    multiply_adds: int = None
+    global_loads: int = 0
+    global_stores: int = 0
+    global_accesses: int = 0        # warp-wide
+    sectors: int = 0                # 32-byte sectors moved by the global warp accesses
+    shared_loads: int = 0
+    shared_stores: int = 0
+    shared_accesses: int = 0        # warp-wide
+    wavefronts: int = 0             # the passes shared memory needs to serve them (1 each without conflict)
+    conflicts: dict = field(default_factory=dict)        # (array, kind, line) -> worst ways
+    uncoalesced: dict = field(default_factory=dict)      # (array, kind, line) -> (sectors, sectors needed)
+    uncoalesced_count: int = 0
+    out_of_bounds: list = field(default_factory=list)
+    races: list = field(default_factory=list)
+    lines: dict = field(default_factory=dict)            # line -> its source
+
+    def per_multiply_add(self, count):
+        return count / self.multiply_adds if self.multiply_adds else float("nan")
+
+    @property
+    def bank_conflicts(self):
+        """Extra passes over shared memory caused by conflicts (0 when every warp access is conflict-free)."""
+        return self.wavefronts - self.shared_accesses
+
+    @property
+    def worst_conflict(self):
+        return max(self.conflicts.values(), default=1)
+
+    def transactions_per_flop(self):
+        """32-byte global transactions per floating-point operation (a multiply-add is two)."""
+        return self.sectors / (2 * self.multiply_adds) if self.multiply_adds else float("nan")
+
+    def __str__(self):
+        threads = int(np.prod(self.grid)) * int(np.prod(self.block))
+        lines = [f"launch: grid {self.grid}, block {self.block}: {threads} threads"]
+        rate = (lambda c: f" ({self.per_multiply_add(c):.3g} per multiply-add)") if self.multiply_adds else (lambda c: "")
+        lines.append(f"global memory: {self.global_loads} loads{rate(self.global_loads)}, {self.global_stores} stores, "
+                     f"{self.sectors} 32-byte transactions"
+                     + (f" ({self.transactions_per_flop():.3g} per flop)" if self.multiply_adds else ""))
+        lines.append(f"shared memory: {self.shared_loads} loads{rate(self.shared_loads)}, {self.shared_stores} stores")
+        if self.conflicts:
+            (array, kind, line), ways = max(self.conflicts.items(), key=lambda kv: kv[1])
+            lines.append(f"bank conflicts: {self.bank_conflicts} extra passes over {self.shared_accesses} warp accesses; "
+                         f"worst {ways}-way, a {kind} of {array} at line {line} (`{self.lines[line]}`)")
+        else:
+            lines.append(f"bank conflicts: none in {self.shared_accesses} warp accesses")
+        if self.uncoalesced:
+            (array, kind, line), (got, need) = max(self.uncoalesced.items(), key=lambda kv: kv[1][0] / kv[1][1])
+            lines.append(f"uncoalesced: {self.uncoalesced_count} of {self.global_accesses} warp accesses; worst a {kind} "
+                         f"of {array} at line {line} (`{self.lines[line]}`): {got} transactions for {need} of data")
+        else:
+            lines.append(f"uncoalesced: none of {self.global_accesses} warp accesses")
+        lines.append("out-of-bounds accesses: " + (f"{len(self.out_of_bounds)}, first: {self.out_of_bounds[0]}"
+                                                   if self.out_of_bounds else "none"))
+        lines.append("races: " + (f"{len(self.races)}, first: {self.races[0]}" if self.races else "none"))
+        return "\n".join(lines)
+
+
+def sanitize(kernel, grid, block, **arrays):
+    """`trace`, with out-of-bounds accesses recorded in the Trace (and its profile) instead of raised:
+    a thread that reads outside an array gets 0 and goes on, a write outside is dropped."""
+    return trace(kernel, grid, block, _record_errors=True, **arrays)
+
+
+def trace(kernel, grid, block, _record_errors=False, **arrays):
     """Run `kernel` in plain Python on copies of the named numpy arrays (keyword order =
     argument order; scalars pass through) and return the Trace. Results land in
     trace.arrays."""
-    tracer = Tracer(grid, block)
+    tracer = Tracer(grid, block, _record_errors)
     copies = {k: (np.array(v) if isinstance(v, np.ndarray) else v) for k, v in arrays.items()}
     args = [(_Array(v, k, tracer) if isinstance(v, np.ndarray) else v) for k, v in copies.items()]
     tracer.run(kernel, args)

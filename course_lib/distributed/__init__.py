@@ -5,15 +5,14 @@ The tools the lesson uses:
 - `cost`             what a ring all-reduce costs (the latency-bandwidth model), its schedule on paper, a fit
 - `problems`         seeded toy problems and chapter 04's GPT on a toy task, with their one-process oracles
 - `faults`           a worker that dies, raises or hangs on purpose, to show the supervisor at work
+- `timing`           what the lesson and the benchmarks measure: collectives' times, DDP steps, optimizer
+                     state (the pieces to measure come in as arguments)
 
-The course's answers to the exercises (imported by name, never from here, so that importing this package
-runs none of them):
-- `collectives`      the ring all-reduce from send/recv (reduce-scatter, then all-gather)
-- `ddp`              data parallelism: broadcast, buckets all-reduced from gradient hooks during backward, no_sync
-- `zero`             ZeRO-1 around any optimizer: each rank keeps the state of its shard, an all-gather rejoins them
-- `tensor_parallel`  Megatron's f and g, and the GPT's MLP split column-parallel then row-parallel
-- `train`            chapter 04's GPT trained on p processes with those pieces (whichever ones it is given)
-- `timing`           what the benchmarks time: the ring against gloo's all-reduce, DDP steps, optimizer memory
+The rest of the package is the course's own answers to the chapter's exercises (the ring all-reduce, DDP,
+ZeRO-1, f and g, the tensor-parallel MLP) and the training runs built on them. Each answer starts with
+the line "The course's answer to exercise 11.k ...: read it once your check passes"; course_lib/answer_key.py
+says which file holds which. Read each one after your check of it passes. Nothing above imports them, so
+importing this package, or any tool listed above, runs none of them.
 """
 
 from course_lib.distributed.launch import Code, WorkerError, carry, launch  # noqa: F401

@@ -9,7 +9,8 @@ An algorithm that sends m messages one after the other and b bytes per rank cost
     everything through rank 0:                      rank 0's link carries 2(p-1) · n
 
 `fit` recovers alpha and beta from measured times by least squares over all sizes, so no single
-noisy timing can pull either one to nonsense.
+noisy timing can pull either one to nonsense. `overlapped_seconds` puts the model on a timeline: buckets
+that become ready one after the other during a backward, sent one at a time on one link.
 """
 
 import numpy as np
@@ -23,6 +24,17 @@ def ring_bytes(n_bytes, world_size):
 def ring_seconds(n_bytes, world_size, latency, bandwidth):
     """The chunked ring's model: 2(p-1) messages of `latency` seconds, plus ring_bytes at `bandwidth` bytes/s."""
     return 2 * (world_size - 1) * latency + ring_bytes(n_bytes, world_size) / bandwidth
+
+
+def overlapped_seconds(buckets, world_size, latency, bandwidth):
+    """When the last all-reduce ends, for buckets [(ready, n_bytes)] sent in that order, one at a time: each
+    starts once it is ready (seconds) and the one before it has finished, and takes `ring_seconds`.
+
+    Subtract the backward's length to get the communication a training step still waits for after it."""
+    end = 0.0
+    for ready, n_bytes in buckets:
+        end = max(end, ready) + ring_seconds(n_bytes, world_size, latency, bandwidth)
+    return end
 
 
 def fit(messages, sent_bytes, seconds):

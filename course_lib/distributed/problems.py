@@ -75,16 +75,26 @@ def gpt_batch(step, rows, config=GPT_SMALL, seed=0):
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
-def train_gpt(steps, rows=8, seed=0, config=GPT_SMALL):
-    """The oracle: the GPT trained in one process on the global batch with AdamW; the loss of each step."""
-    model = gpt_model(seed, config)
+def train_adamw(model, steps, rows=8, seed=0, config=GPT_SMALL, rows_of=None, sync=None):
+    """Train a GPT `model` with AdamW on the counting task's batches; the loss of each step.
+
+    rows_of(t): the rows of each batch this process trains on (default: all of them).
+    sync(loss): what runs between backward and the optimizer's step (a data-parallel sum of the gradients);
+    it returns the step's loss as a number (default: loss.item())."""
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
     losses = []
     for step in range(steps):
         x, y = gpt_batch(step, rows, config, seed)
+        if rows_of is not None:
+            x, y = rows_of(x), rows_of(y)
         opt.zero_grad()
         _, loss = model(x, y)
         loss.backward()
+        losses.append(sync(loss) if sync is not None else loss.item())
         opt.step()
-        losses.append(loss.item())
     return losses
+
+
+def train_gpt(steps, rows=8, seed=0, config=GPT_SMALL):
+    """The oracle: the GPT trained in one process on the global batch with AdamW; the loss of each step."""
+    return train_adamw(gpt_model(seed, config), steps, rows, seed, config)

@@ -1,5 +1,7 @@
 """Tensor parallelism for the GPT's MLP: each rank holds a slice of both matrices (as Megatron-LM does).
 
+This file is the course's answer to exercises 11.4 and 11.5: read it once your checks pass.
+
 The MLP computes gelu(x A^T + a) B^T + b with A: (4C, C) and B: (C, 4C). Split A by rows (its output
 features, "column-parallel" in Megatron's x·A convention): rank r computes its own slice of the 4C hidden
 features, and gelu, elementwise, needs nothing from the others. Split B by columns ("row-parallel"):
@@ -26,7 +28,9 @@ import torch.nn.functional as F
 
 
 class CopyToParallel(torch.autograd.Function):
-    """f: the input goes to every rank's slice unchanged; their gradients add up."""
+    """The course's answer to exercise 11.4 (`f_and_g`): read it once your check passes.
+
+    f: the input goes to every rank's slice unchanged; their gradients add up."""
 
     @staticmethod
     def forward(ctx, x):
@@ -40,7 +44,9 @@ class CopyToParallel(torch.autograd.Function):
 
 
 class ReduceFromParallel(torch.autograd.Function):
-    """g: the ranks' partial sums add up (in a copy: the input may be saved by autograd); the gradient passes."""
+    """The course's answer to exercise 11.4 (`f_and_g`): read it once your check passes.
+
+    g: the ranks' partial sums add up (in a copy: the input may be saved by autograd); the gradient passes."""
 
     @staticmethod
     def forward(ctx, x):
@@ -54,22 +60,17 @@ class ReduceFromParallel(torch.autograd.Function):
 
 
 def my_slice(n, rank, world_size):
-    """The [lo, hi) of n features that `rank` holds: torch.tensor_split's pieces (sizes differ by at most 1)."""
+    """The course's answer to exercise 11.5 (`parallel_mlp`): read it once your check passes.
+
+    The [lo, hi) of n features that `rank` holds: torch.tensor_split's pieces (sizes differ by at most 1)."""
     lo = rank * (n // world_size) + min(rank, n % world_size)
     return lo, lo + n // world_size + (rank < n % world_size)
 
 
-def _linear(weight, bias):
-    """An nn.Linear holding copies of the given weight (out, in) and bias."""
-    layer = nn.Linear(weight.shape[1], weight.shape[0], dtype=weight.dtype, device=weight.device)
-    with torch.no_grad():
-        layer.weight.copy_(weight)
-        layer.bias.copy_(bias)
-    return layer
-
-
 class ParallelMLP(nn.Module):
-    """course_lib.gpt.model.MLP split over the ranks: column-parallel c_fc, gelu, row-parallel c_proj.
+    """The course's answer to exercise 11.5 (`parallel_mlp`): read it once your check passes.
+
+    course_lib.gpt.model.MLP split over the ranks: column-parallel c_fc, gelu, row-parallel c_proj.
 
     f and g are class attributes, so a subclass can bring its own (as `train.tensor_parallel` does)."""
 
@@ -80,9 +81,18 @@ class ParallelMLP(nn.Module):
         rank, p = dist.get_rank(), dist.get_world_size()
         self.lo, self.hi = my_slice(mlp.c_fc.out_features, rank, p)
         fc, proj = mlp.c_fc, mlp.c_proj
-        self.c_fc = _linear(fc.weight.detach()[self.lo:self.hi], fc.bias.detach()[self.lo:self.hi])   # rows of A
-        self.c_proj = _linear(proj.weight.detach()[:, self.lo:self.hi], proj.bias.detach())          # columns of B; b whole
+        self.c_fc = self.linear(fc.weight.detach()[self.lo:self.hi], fc.bias.detach()[self.lo:self.hi])   # rows of A
+        self.c_proj = self.linear(proj.weight.detach()[:, self.lo:self.hi], proj.bias.detach())          # columns of B; b whole
         self.dropout = mlp.dropout   # after g: every rank must draw the same mask (same seed on every rank)
+
+    @staticmethod
+    def linear(weight, bias):
+        """An nn.Linear holding copies of the given weight (out, in) and bias: parameters of this rank's own."""
+        layer = nn.Linear(weight.shape[1], weight.shape[0], dtype=weight.dtype, device=weight.device)
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+            layer.bias.copy_(bias)
+        return layer
 
     def forward(self, x):
         hidden = F.gelu(self.c_fc(self.f.apply(x)), approximate="tanh")   # (B, T, this rank's 4C/p)

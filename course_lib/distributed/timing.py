@@ -1,15 +1,18 @@
-"""What the benchmarks and the lesson time, on every rank of a `launch`.
+"""What the benchmarks and the lesson measure, on every rank of a `launch`: times, and optimizer state.
 
 Contestants take turns (one call each, then again), after a barrier, so a busy machine slows them alike;
 each figure is the median of its repeats. On a machine with fewer cores than ranks the ranks share cores,
 and the figures measure that sharing as much as the algorithms: compare ratios, not absolute times.
+The pieces to time (a DDP class, a ZeRO-1 class) are arguments: this file holds none of them.
 """
 
+import contextlib
 import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from course_lib.distributed.launch import device, resolve
 from course_lib.distributed.problems import gpt_batch, mine
@@ -49,11 +52,10 @@ def time_collectives(fns, lengths, repeats=20, dtype=torch.float32):
     return out
 
 
-def ddp_step_times(bucket_sizes, steps=12, rows=8, config=None, seed=0, ddp_class=None):
-    """Median seconds per training step of a GPT under our DDP, by bucket size, and under torch's ("torch DDP")."""
-    from course_lib.distributed.ddp import DDP
-
-    cls = resolve(ddp_class) or DDP
+def ddp_step_times(ddp_class, bucket_sizes, steps=12, rows=8, config=None, seed=0):
+    """Median seconds per training step of a GPT under `ddp_class` (a DDP), by bucket size, and under torch's
+    DistributedDataParallel ("torch DDP")."""
+    cls = resolve(ddp_class)
     config = GPTConfig(**(config or NANO_CPU))
     variants = {}
     for b in bucket_sizes:
@@ -81,21 +83,41 @@ def ddp_step_times(bucket_sizes, steps=12, rows=8, config=None, seed=0, ddp_clas
     return {name: _median(ts, skip=2) for name, ts in times.items()}
 
 
-def optimizer_state_bytes(config=None, seed=0, zero_class=None):
-    """(bytes of AdamW state this rank keeps under ZeroOptimizer, bytes of torch AdamW's) for a float32 GPT."""
-    from course_lib.distributed.zero import ZeroOptimizer
+@contextlib.contextmanager
+def optimizers_stepped():
+    """The torch optimizers that step inside the block, however deeply a wrapper keeps them (an optimizer makes
+    its state when it first steps), through torch's global step hook: yields the list they are appended to."""
+    stepped = []
 
+    def record(optimizer, args, kwargs):
+        if not any(o is optimizer for o in stepped):
+            stepped.append(optimizer)
+
+    handle = register_optimizer_step_post_hook(record)
+    try:
+        yield stepped
+    finally:
+        handle.remove()
+
+
+def state_numbers(optimizers):
+    """How many numbers the optimizers keep in state tensors (step counters, 0-dimensional, left out), each
+    tensor counted once."""
+    held = {id(t): t.numel() for opt in optimizers for s in opt.state.values() for t in s.values()
+            if torch.is_tensor(t) and t.dim() > 0}
+    return sum(held.values())
+
+
+def optimizer_state_bytes(zero_class, config=None, seed=0):
+    """(bytes of AdamW state this rank keeps under `zero_class` (a ZeRO-1 wrapper), bytes of torch AdamW's) for a
+    float32 GPT."""
     config = GPTConfig(**(config or NANO_CPU))
     torch.manual_seed(seed)
     model = GPT(config)
     x, y = gpt_batch(0, 2, config, seed)
     model(x, y)[1].backward()
-    ours = (resolve(zero_class) or ZeroOptimizer)(model.parameters(), torch.optim.AdamW)
+    with optimizers_stepped() as ours:
+        resolve(zero_class)(model.parameters(), torch.optim.AdamW).step()
     theirs = torch.optim.AdamW(model.parameters())
-    ours.step()
     theirs.step()
-
-    def size(opt):
-        return sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if t.dim() > 0)
-
-    return size(ours.optimizer), size(theirs)
+    return 4 * state_numbers(ours), 4 * state_numbers([theirs])

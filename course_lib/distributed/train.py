@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.distributed.launch import resolve
-from course_lib.distributed.problems import ADAMW, GPT_SMALL, gpt_batch, gpt_model, mine
+from course_lib.distributed.problems import ADAMW, GPT_SMALL, gpt_batch, gpt_model, mine, train_adamw
 
 
 def _equal_slices(rows, parts):
@@ -41,20 +41,15 @@ def ring_data_parallel(steps, ring_all_reduce, rows=8, seed=0, config=GPT_SMALL)
     ring = resolve(ring_all_reduce)
     model = gpt_model(seed, config)
     params = list(model.parameters())
-    opt = torch.optim.AdamW(params, **ADAMW)
-    losses = []
-    for step in range(steps):
-        x, y = gpt_batch(step, rows, config, seed)
-        opt.zero_grad()
-        _, loss = model(mine(x), mine(y))
-        loss.backward()
+
+    def sum_gradients(loss):
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         ring(flat)
         flat /= dist.get_world_size()
         torch.nn.utils.vector_to_parameters(flat, [p.grad for p in params])   # write the mean back into each .grad
-        opt.step()
-        losses.append(_mean_over_ranks(loss.item(), ring))                   # a 1-number tensor: fewer numbers than ranks
-    return losses
+        return _mean_over_ranks(loss.item(), ring)                            # a 1-number tensor: fewer numbers than ranks
+
+    return train_adamw(model, steps, rows, seed, config, rows_of=mine, sync=sum_gradients)
 
 
 def ddp_zero(steps, DDP, ZeroOptimizer, rows=8, seed=0, config=GPT_SMALL, bucket_bytes=4096, micro=2):
@@ -92,16 +87,7 @@ def tensor_parallel(steps, ParallelMLP, rows=8, seed=0, config=GPT_SMALL, f=None
     model = gpt_model(seed, config)
     for block in model.transformer.h:
         block.mlp = cls(block.mlp)
-    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
-    losses = []
-    for step in range(steps):
-        x, y = gpt_batch(step, rows, config, seed)
-        opt.zero_grad()
-        _, loss = model(x, y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())   # the same on every rank: g gave each the whole output
-    return losses
+    return train_adamw(model, steps, rows, seed, config)   # the loss is the same on every rank: g gave each the whole output
 
 
 def all_three(steps, pieces, rows=8, seed=0, config=GPT_SMALL):

@@ -1,5 +1,7 @@
 """ZeRO stage 1 around any optimizer: its state is split across the ranks instead of copied on each.
 
+This file is the course's answer to exercise 11.3: read it once your check passes.
+
 Data parallelism keeps p identical copies of everything. AdamW's two moments (m and v) are as large
 as the parameters together, so in float32 training with float32 state the optimizer alone takes twice
 the model's memory on every rank. But after the gradient all-reduce every rank would compute the same
@@ -11,7 +13,9 @@ hands that tensor, and only it, to the optimizer: the optimizer's state is then 
 1/p of the whole. Any optimizer whose update is elementwise (SGD with momentum, Adam, AdamW, RMSprop,
 Adagrad...) updates a shard exactly as it would update those numbers in the whole model. After the
 step an all-gather puts the updated shards back together on every rank. The cost: one all-gather of
-N numbers per step. (ZeRO-2 also shards the gradients, with a reduce-scatter in place of the
+N numbers per step. Another split deals whole tensors out, each to the rank that holds the fewest
+numbers so far (PyTorch's ZeroRedundancyOptimizer does so): no tensor is cut, and each rank's share is
+N/p give or take one tensor. (ZeRO-2 also shards the gradients, with a reduce-scatter in place of the
 all-reduce; ZeRO-3 the parameters themselves.)
 """
 
@@ -22,7 +26,9 @@ import torch.distributed as dist
 
 
 class ZeroOptimizer:
-    """`optimizer_class(params, **defaults)`'s update, with its state sharded over the ranks.
+    """The course's answer to exercise 11.3 (`zero_optimizer`): read it once your check passes.
+
+    `optimizer_class(params, **defaults)`'s update, with its state sharded over the ranks.
 
     Call step() after the gradients have been averaged over the ranks (after DDP.finish()).
     """
@@ -62,7 +68,3 @@ class ZeroOptimizer:
             p.copy_(flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
 
-
-def state_numbers(optimizer):
-    """How many numbers an optimizer keeps per parameter element: its state tensors (not the step counters)."""
-    return sum(t.numel() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)

@@ -1,5 +1,8 @@
 """FlashAttention-2's forward and backward on the CPU, in Numba: no T x T matrix, ever.
 
+This file holds the course's answers to exercises 10.3 (`flash_forward`: `forward_kernel`) and 10.4
+(`flash_backward`: `backward_kernel`). Read it once your checks pass.
+
     out = softmax(q k^T * scale) v        q: (BH, Tq, d), k: (BH, Tk, d), v: (BH, Tk, dv)
 
 Naive attention builds the Tq x Tk scores, softmaxes them and multiplies by v: at T = 4096 with 4
@@ -12,8 +15,9 @@ is computed *online*, keeping for each query row i
 
 When a tile raises the max from m to m', the old sums were taken relative to m: multiplying l and
 acc by alpha = exp(m - m') moves them to m'. After the last tile, out_i = acc_i / l_i. Every
-exponent is <= 0, so nothing overflows, and `exp_neg` (fastexp.py) vectorizes. The forward also
+exponent is <= 0, so nothing overflows, and `exp_neg` (simd/fastexp.py) vectorizes. The forward also
 writes lse_i = m_i + log(l_i), one number per row: all the backward needs to rebuild the softmax.
+What a forward task allocates is the size of its tiles, whatever Tk is: nothing grows with the keys.
 
 The backward recomputes each tile of P = exp(s * scale - lse) instead of storing P (which would
 bring back the Tq x Tk memory). With D_i = rowsum(dO_i * O_i) (which equals sum_j P_ij dP_ij):
@@ -30,22 +34,28 @@ Causal masking keeps key j for query i when j <= i + (Tk - Tq): the queries are 
 positions, as with a KV cache (Tq == Tk is the usual mask). Tiles entirely above the diagonal are
 never visited, which halves the work; on the diagonal, each row stops at its last visible key.
 
-The products go through `tiles.matmul_bt` (out = a @ b.T, all rows contiguous). The ones that need
-a transposed operand read it from a copy made once per call (V^T, K^T, Q^T, dO^T: tile by tile, so
-each tile is one contiguous block), O(T d) memory like everything else here. The tasks run in a
-zigzag order of tiles (0, n-1, 1, n-2, ...): causal tiles far down the diagonal hold more work, and
-each core gets a contiguous half of the tasks.
+The products go through `tiles.matmul_bt` (out = a @ b.T, all rows contiguous). P V needs V^T: the
+forward transposes each value tile into a buffer of its task, in 16 x 16 blocks (a BK x dv tile for
+BQ x BK x (d + dv) multiply-adds). The backward reads K^T, Q^T and dO^T from copies made once per
+call, tile by tile (O(T d) memory, like its dQ copies). The tasks run in a zigzag order of tiles
+(0, n-1, 1, n-2, ...): causal tiles far down the diagonal hold more work, and any contiguous half of
+the tasks, which is what each of two cores gets, holds half the work.
+
+Tiles. The forward's key tile is long, 256 keys, for the product P V: it sums over the tile's keys, and
+each dot product of matmul_bt ends by adding up its vector lanes, a cost that one sum of 256 terms pays
+once and four sums of 64 pay four times. (Q K^T sums over the head size, whatever the tiles.) The row
+maxes of the softmax go through `tiles.row_max`, which keeps 8 running maxes instead of one.
 """
 
 import numba
 import numpy as np
 from numba import prange
 
-from course_lib.fused.fastexp import exp_neg
-from course_lib.fused.tiles import FASTMATH, matmul_bt, transpose
+from course_lib.simd.fastexp import exp_neg
+from course_lib.simd.tiles import FASTMATH, matmul_bt, row_max, transpose
 
-BQ = 64   # query rows per tile
-BK = 64   # keys per tile
+FORWARD_TILES = (64, 256)    # (BQ, BK): query rows and keys per tile of the forward
+BACKWARD_TILES = (64, 64)    # and of the backward
 
 
 @numba.njit(inline="always")
@@ -67,12 +77,13 @@ def tiles_transposed(x, B):
 
 
 @numba.njit(fastmath=FASTMATH, cache=True)
-def forward_tile(q, k, vt, out, lse, i0, nq, offset, scale, causal, BK):
-    """One tile of queries of one head: rows i0 .. i0 + nq of q (Tq, d) against k (Tk, d) and the
-    transposed value tiles vt (n, dv, BK). Writes those rows of out (Tq, dv) and lse (Tq)."""
-    Tk, d, dv = k.shape[0], q.shape[1], vt.shape[1]
+def forward_tile(q, k, v, out, lse, i0, nq, offset, scale, causal, BK):
+    """One tile of queries of one head: rows i0 .. i0 + nq of q (Tq, d) against k (Tk, d) and v (Tk, dv).
+    Writes those rows of out (Tq, dv) and lse (Tq). Every buffer is the size of a tile."""
+    Tk, d, dv = k.shape[0], q.shape[1], v.shape[1]
     qs = np.empty((nq, d), q.dtype)                        # the tile's queries, times scale
     s = np.empty((nq, BK), q.dtype)                        # scores, then probabilities, of one key tile
+    vt = np.empty((dv, BK), q.dtype)                       # that key tile's values, transposed
     acc = np.zeros((nq, dv), q.dtype)                      # running sum of exp(s - m) v
     m = np.full(nq, -np.inf, q.dtype)                      # running max of each row
     denom = np.zeros(nq, q.dtype)                          # running sum of exp(s - m)
@@ -85,9 +96,7 @@ def forward_tile(q, k, vt, out, lse, i0, nq, offset, scale, causal, BK):
         matmul_bt(qs, k[j0:], s, nq, nk, d, False)         # (nq, nk) scaled scores
         for i in range(nq):
             n = min(nk, i0 + i + offset + 1 - j0) if causal else nk   # the keys row i may see
-            m_new = m[i]
-            for j in range(n):
-                m_new = max(m_new, s[i, j])
+            m_new = row_max(s[i], n, m[i])
             alpha = exp_neg(m[i] - m_new)                  # moves the old sums to the new max
             total = q.dtype.type(0)
             for j in range(n):
@@ -98,7 +107,8 @@ def forward_tile(q, k, vt, out, lse, i0, nq, offset, scale, causal, BK):
             m[i], denom[i] = m_new, denom[i] * alpha + total
             for c in range(dv):
                 acc[i, c] *= alpha
-        matmul_bt(s, vt[j0 // BK], acc, nq, dv, nk, True)  # acc += P V, with V^T's rows contiguous
+        transpose(v[j0:], vt, nk, dv)
+        matmul_bt(s, vt, acc, nq, dv, nk, True)            # acc += P V, with V^T's rows contiguous
     for i in range(nq):
         for c in range(dv):
             out[i0 + i, c] = acc[i, c] / denom[i]
@@ -107,14 +117,15 @@ def forward_tile(q, k, vt, out, lse, i0, nq, offset, scale, causal, BK):
 
 @numba.njit(parallel=True, cache=True)
 def forward_kernel(q, k, v, out, lse, scale, causal, BQ, BK):
-    """out = softmax(q k^T * scale) v and lse, written in place; one task per (head, query tile).
+    """The course's answer to exercise 10.3 (`flash_forward`): read it once your check passes.
+
+    out = softmax(q k^T * scale) v and lse, written in place; one task per (head, query tile).
     q (BH, Tq, d), k (BH, Tk, d), v (BH, Tk, dv), out (BH, Tq, dv), lse (BH, Tq), all C-contiguous."""
     BH, Tq, _ = q.shape
-    vt = tiles_transposed(v, BK)
     n = (Tq + BQ - 1) // BQ
     for task in prange(BH * n):
         h, i0 = task // n, zigzag(task % n, n) * BQ
-        forward_tile(q[h], k[h], vt[h], out[h], lse[h], i0, min(BQ, Tq - i0), k.shape[1] - Tq, scale, causal, BK)
+        forward_tile(q[h], k[h], v[h], out[h], lse[h], i0, min(BQ, Tq - i0), k.shape[1] - Tq, scale, causal, BK)
 
 
 @numba.njit(fastmath=FASTMATH, cache=True)
@@ -153,7 +164,9 @@ def backward_key_tile(q, k, v, do, lse, delta, qt, dot, kt, dq, dk, dv, j0, offs
 
 
 def backward_kernel(q, k, v, o, do, lse, dq, dk, dv, scale, causal, BQ, BK):
-    """dq, dk, dv of attention, written in place, from the inputs, the output o, its gradient do and
+    """The course's answer to exercise 10.4 (`flash_backward`): read it once your check passes.
+
+    dq, dk, dv of attention, written in place, from the inputs, the output o, its gradient do and
     the forward's lse. Shapes as in forward_kernel; dq, dk, dv like q, k, v. Splits each head's key
     tiles into enough groups to give every core a task."""
     groups = max(1, -(-numba.get_num_threads() // q.shape[0]))
@@ -203,7 +216,7 @@ def forward(q, k, v, causal=False, scale=None):
     scale = q.dtype.type(q.shape[2] ** -0.5 if scale is None else scale)   # float32 work stays float32
     out = np.empty(q.shape[:2] + v.shape[2:], q.dtype)
     lse = np.empty(q.shape[:2], q.dtype)
-    forward_kernel(q, k, v, out, lse, scale, causal, BQ, BK)
+    forward_kernel(q, k, v, out, lse, scale, causal, *FORWARD_TILES)
     return out, lse
 
 
@@ -212,5 +225,5 @@ def backward(q, k, v, o, do, lse, causal=False, scale=None):
     _check(q, k, v, causal)
     scale = q.dtype.type(q.shape[2] ** -0.5 if scale is None else scale)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
-    backward_kernel(q, k, v, o, do, lse, dq, dk, dv, scale, causal, BQ, BK)
+    backward_kernel(q, k, v, o, do, lse, dq, dk, dv, scale, causal, *BACKWARD_TILES)
     return dq, dk, dv

@@ -1,4 +1,4 @@
-"""How much memory attention allocates while it runs: O(T d) for the tiled kernel, O(T^2) for naive attention.
+"""How much memory attention allocates while it runs: tiles for the tiled kernel, O(T^2) for naive attention.
 
     measure("fused", T)                          the most bytes one forward held at once, beyond its outputs
     memory_curve([256, 512, 1024])               {"fused": [bytes at each T], "naive": [...]}
@@ -38,7 +38,7 @@ def measure(method, T, H=4, d=64, causal=True, dtype=np.float32):
         out, lse = np.empty_like(q), np.empty(q.shape[:2], dtype)
         scale = q.dtype.type(d ** -0.5)
         return peak_bytes(lambda: attention_cpu.forward_kernel(q, k, v, out, lse, scale, causal,
-                                                               attention_cpu.BQ, attention_cpu.BK))
+                                                               *attention_cpu.FORWARD_TILES))
     return peak_bytes(lambda: naive_attention(q, k, v, causal))
 
 

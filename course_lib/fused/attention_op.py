@@ -1,5 +1,8 @@
 """Attention as a PyTorch op: `attention(q, k, v, causal)` for q, k, v of shape (B, H, T, d).
 
+This file holds the course's answer to exercise 10.6 (`attention_op`: `register`). Read it once your
+check passes.
+
 `register(name, forward_kernel, backward_kernel)` wraps a pair of kernels with the signatures of
 attention_cpu.py's in two ops, made with torch.library.custom_op (chapter 08 explains the machinery):
 
@@ -36,15 +39,19 @@ def _heads(t):
     return t.detach().contiguous().reshape(-1, *t.shape[2:]).numpy()
 
 
-def register(name, forward_kernel, backward_kernel, BQ=attention_cpu.BQ, BK=attention_cpu.BK):
-    """The op `name` ("namespace::name") around the kernels, with a fake, and `name_backward` for autograd."""
+def register(name, forward_kernel, backward_kernel, forward_tiles=attention_cpu.FORWARD_TILES,
+             backward_tiles=attention_cpu.BACKWARD_TILES):
+    """The course's answer to exercise 10.6 (`attention_op`): read it once your check passes.
+
+    The op `name` ("namespace::name") around the kernels, with a fake, and `name_backward` for autograd.
+    The kernels run with (BQ, BK) = forward_tiles and backward_tiles."""
 
     @torch.library.custom_op(name, mutates_args=())
     def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
         out = q.new_empty(*q.shape[:3], v.shape[-1])
         lse = q.new_empty(q.shape[:3])
         qn = _heads(q)
-        forward_kernel(qn, _heads(k), _heads(v), _heads(out), _heads(lse), qn.dtype.type(scale), causal, BQ, BK)
+        forward_kernel(qn, _heads(k), _heads(v), _heads(out), _heads(lse), qn.dtype.type(scale), causal, *forward_tiles)
         return out, lse
 
     @attention.register_fake
@@ -57,7 +64,7 @@ def register(name, forward_kernel, backward_kernel, BQ=attention_cpu.BQ, BK=atte
         dq, dk, dv = (t.new_empty(t.shape) for t in (q, k, v))     # contiguous, whatever q, k, v are
         qn = _heads(q)
         backward_kernel(qn, _heads(k), _heads(v), _heads(out), _heads(dout), _heads(lse),
-                        _heads(dq), _heads(dk), _heads(dv), qn.dtype.type(scale), causal, BQ, BK)
+                        _heads(dq), _heads(dk), _heads(dv), qn.dtype.type(scale), causal, *backward_tiles)
         return dq, dk, dv
 
     @attention_backward.register_fake

@@ -1,5 +1,8 @@
 """The fused selective scan on the CPU: discretize, scan and read out in one pass, in Numba.
 
+This file holds the course's answer to exercise 10.2 (`fused_scan`: `scan_forward`). Read it once
+your check passes.
+
 Chapter 05's scans build a_t = exp(Δ_t A) and b_t = Δ_t B_t x_t as (b, L, D, N) tensors, then the
 states h, another (b, L, D, N), then contract h with C. At L = 1024, D = 256, N = 16 that is 4M
 numbers per tensor, written to memory and read back, for a result y of only L * D numbers.
@@ -9,10 +12,17 @@ in registers and L1 cache: a_t, b_t and h_t live for one step and are never stor
 Why parallel over b * D: the recurrence is sequential in t, but the b * D pairs are independent
 (they share B and C only for reading), so `prange` hands them to the cores with no locking.
 Inside, the loop over the N states is innermost, contiguous in A, B, C and the state, and has no
-branch: with `exp_neg` (fastexp.py) LLVM turns it into SIMD instructions, 8 float32 states at once.
-The fastmath flags let it reorder the sum over n for y (`reassoc`) and fuse multiply-adds (`contract`).
-On one core of a 2-core EPYC, at L = 1024, D = 256, N = 16, float32: about 4 ms, half of it in the
-exponentials; with `math.exp` (a library call per number, so a scalar loop) about 18 ms.
+branch: with `exp_neg` (simd/fastexp.py) LLVM turns it into SIMD instructions, 8 or 16 float32
+states at once. The fastmath flags let it reorder the sum over n for y (`reassoc`) and fuse
+multiply-adds (`contract`).
+
+N, a constant. That loop runs L times per pair, and it is short: N = 16 states is one AVX-512 register
+wide (two AVX2 ones). When N is a number known only at run time, LLVM wraps the vector instructions in a
+loop with a count test, a remainder loop for the last N % 16 states, and checks that the state does not
+overlap A, B or C, and that bookkeeping can cost as much as the arithmetic. So `scan_forward` compiles a
+kernel per N (`forward_kernel(N)`, a closure in which N is a constant): the loop is unrolled into
+straight vector instructions. Each N compiles once and Numba caches it; N that is not a multiple of 8
+(tests, toy models) shares one kernel that reads N at run time.
 
 The backward (see `scan_backward`) needs every h_t, and it must not store them all. It recomputes:
 the forward saves the state every `chunk` steps (a checkpoint, 1/chunk of the memory), and the
@@ -21,37 +31,53 @@ into a chunk-sized local buffer, then walks it backward. Recovering h_{t-1} from
 a_t would be cheaper, but a_t = exp(Δ_t A) can be tiny (or 0 in float32): dividing would blow up.
 """
 
+import functools
+
 import numba
 import numpy as np
 from numba import prange
 
-from course_lib.fused.fastexp import exp_neg
+from course_lib.simd.fastexp import exp_neg
 
 FASTMATH = {"reassoc", "contract", "nsz", "arcp"}   # not "nnan"/"ninf": a NaN input still gives NaN
-CHUNK = 64   # steps between checkpoints of the state
 GROUPS = 16  # channel groups in the backward: b * 16 tasks for the cores, each with its own (L, N) dB and dC
 
 
-@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
 def scan_forward(x, delta, A, B, C, D, y, h_last, ckpt, chunk):
-    """y (b, L, D), the final state h_last (b, D, N) and the state before every chunk-th step,
+    """The course's answer to exercise 10.2 (`fused_scan`): read it once your check passes.
+
+    y (b, L, D), the final state h_last (b, D, N) and the state before every chunk-th step,
     ckpt (b, ceil(L / chunk), D, N), all written in place. Inputs as in chapter 05, contiguous."""
-    bsz, L, Dm = x.shape
     N = A.shape[1]
-    for i in prange(bsz * Dm):
-        b, d = i // Dm, i % Dm
-        h = np.zeros(N, x.dtype)                  # this channel's state: N numbers, not (L, N)
-        for t in range(L):
-            if t % chunk == 0:
-                ckpt[b, t // chunk, d, :] = h
-            dt, xt = delta[b, t, d], x[b, t, d]
-            u = dt * xt
-            acc = xt * D[d]                       # the skip connection starts the sum
-            for n in range(N):                    # vectorized: no branch, contiguous, no call
-                h[n] = exp_neg(dt * A[d, n]) * h[n] + u * B[b, t, n]
-                acc += C[b, t, n] * h[n]
-            y[b, t, d] = acc
-        h_last[b, d, :] = h
+    forward_kernel(N if N % 8 == 0 else 0)(x, delta, A, B, C, D, y, h_last, ckpt, chunk)
+
+
+@functools.cache
+def forward_kernel(STATES):
+    """scan_forward's kernel, compiled for N = STATES states (a constant), or for any N when STATES = 0."""
+
+    @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+    def kernel(x, delta, A, B, C, D, y, h_last, ckpt, chunk):
+        bsz, L, Dm = x.shape
+        for i in prange(bsz * Dm):
+            N = STATES if STATES else A.shape[1]      # inside the task, so that a constant stays one
+            b, d = i // Dm, i % Dm
+            h = np.zeros(N, x.dtype)                  # this channel's state: N numbers, not (L, N)
+            for t in range(L):
+                if t % chunk == 0:
+                    for n in range(N):
+                        ckpt[b, t // chunk, d, n] = h[n]
+                dt, xt = delta[b, t, d], x[b, t, d]
+                u = dt * xt
+                acc = xt * D[d]                       # the skip connection starts the sum
+                for n in range(N):                    # vectorized: no branch, contiguous, no call
+                    h[n] = exp_neg(dt * A[d, n]) * h[n] + u * B[b, t, n]
+                    acc += C[b, t, n] * h[n]
+                y[b, t, d] = acc
+            for n in range(N):
+                h_last[b, d, n] = h[n]
+
+    return kernel
 
 
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)

@@ -20,6 +20,7 @@ from course_lib.custom_ops.functions import as_numpy
 from course_lib.fused import scan_cpu
 
 Tensor = torch.Tensor
+CHUNK = 64   # steps between checkpoints of the state: the backward replays chunks of this length
 
 
 @torch.library.custom_op("course::selective_scan", mutates_args=(), device_types="cpu")
@@ -91,7 +92,7 @@ def _backward(ctx, dy, dh_last, _):
 selective_scan.register_autograd(_backward, setup_context=_setup_context)
 
 
-def selective_scan_fused(x, delta, A, B, C, D, return_state=False, chunk=scan_cpu.CHUNK):
+def selective_scan_fused(x, delta, A, B, C, D, return_state=False, chunk=CHUNK):
     """Chapter 05's selective scan, fused: y (b, L, D), and the final state (b, D, N) if return_state."""
     args = (t.to(x.dtype) for t in (x, delta, A, B, C, D))   # the kernels take one dtype
     y, h_last, _ = selective_scan(*args, chunk)

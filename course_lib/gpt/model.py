@@ -32,7 +32,7 @@ class GPTConfig:
     bias: bool = True          # biases in the linear layers and LayerNorms (GPT-2); False as nanoGPT trains
     gelu: str = "tanh"         # F.gelu's `approximate`: GPT-2's tanh form; "none" is the exact GELU (nanoGPT)
     sdpa: bool = True          # use F.scaled_dot_product_attention; False runs `causal_attention` below
-    fused: bool = False        # chapter 10's tiled attention (course_lib.fused) instead of either; no dropout
+    fused: bool = False        # the fused kernel installed with `attention_kernel` (chapter 10 writes one); no dropout
 
 
 def causal_attention(q, k, v, dropout=None):
@@ -77,7 +77,7 @@ _kernel = contextvars.ContextVar("attention_kernel", default=None)
 def attention_kernel(fn):
     """Inside this block, models with GPTConfig(fused=True) compute attention as fn(q, k, v) -> y: causal,
     with the Tq queries lined up with the last Tq of the Tk keys (a KV cache), q (B, H, Tq, d).
-    Outside it they use chapter 10's kernel. The plug-in point for a kernel of your own."""
+    The plug-in point for a fused kernel: this chapter has none of its own, chapter 10 writes one."""
     token = _kernel.set(fn)
     try:
         yield fn
@@ -86,15 +86,14 @@ def attention_kernel(fn):
 
 
 def fused_attention(q, k, v, dropout_p):
-    """A fused kernel: the one `attention_kernel` installed, else chapter 10's tiled kernel, imported on
-    first use so that numba loads only when asked for. Its mask lines the Tq queries up with the last Tq keys."""
+    """The fused kernel that `attention_kernel` installed. Its mask lines the Tq queries up with the last Tq keys."""
     if dropout_p > 0:
         raise NotImplementedError("the fused attention has no dropout")
     fn = _kernel.get()
     if fn is None:
-        from course_lib.fused.attention_op import attention
-
-        return attention(q, k, v, causal=True)
+        raise RuntimeError("GPTConfig(fused=True) runs the fused attention kernel installed by "
+                           "`with attention_kernel(fn):`, and none is installed here: run the model inside "
+                           "such a block (chapter 10 writes the kernel, and installs it that way)")
     return fn(q, k, v)
 
 

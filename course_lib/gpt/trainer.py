@@ -2,8 +2,10 @@
 
 It trains any model whose forward is `model(idx, targets) -> (logits, loss)` on batches from
 any `get_batch(split) -> (x, y)`, so the GPT of this chapter and the Mamba of the next share it.
-It names the few things it takes from a tensor library in a `Library` (AdamW, gradient clipping,
-no_grad): PyTorch's by default, and chapter 12 passes the course's own to train its GPT with this loop.
+It names the few things it takes from a tensor library in a `Library` (the optimizer, gradient
+clipping, no_grad, how a schedule sets the learning rate): PyTorch's by default; chapter 12 passes the
+course's own to train its GPT with this loop, and chapter 13 one whose changing numbers live in tensors,
+so that its compiler can capture `train_step` as it is.
 
     cfg = TrainConfig(max_iters=500, lr=1e-3, lr_decay_iters=500)
     history = train(model, get_batch, cfg)
@@ -44,17 +46,25 @@ def _torch_adamw(groups, lr, betas):
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
 
 
+def set_lr(optimizer, lr):
+    """Give every parameter group the learning rate `lr`, as a schedule does in torch."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 @dataclass(frozen=True)
 class Library:
-    """What the recipe takes from a tensor library. Each optimizer it makes has torch's interface:
-    `param_groups` (each group's "lr" read at every step), `zero_grad(set_to_none=True)`, `step()`."""
+    """What the recipe takes from a tensor library. The optimizer it makes has torch's interface:
+    `param_groups`, `zero_grad(set_to_none=True)`, `step()`, and its learning rate is whatever `set_lr`
+    last gave it (by default, each group's "lr", read at every step)."""
 
     name: str
-    AdamW: Callable                     # AdamW(groups, lr, betas) -> optimizer
+    optimizer: Callable                 # optimizer(groups, lr=, betas=) -> an AdamW, or any such optimizer
     clip_grad_norm_: Callable           # (parameters, max_norm) -> the global norm before clipping
     no_grad: Callable                   # a context manager: no graph is recorded inside
     manual_seed: Optional[Callable] = None   # seeds dropout masks at the start of `train`
     to_device: Optional[Callable] = None     # (batch, model) -> the batch where the model's parameters are
+    set_lr: Callable = set_lr                # (optimizer, lr): the rate of the next steps
 
 
 def _to_model_device(batch, model):
@@ -66,14 +76,14 @@ TORCH = Library("torch", _torch_adamw, torch.nn.utils.clip_grad_norm_, torch.no_
 
 
 def configure_optimizer(model, cfg, lib=TORCH):
-    """AdamW that decays only matrices (weights of linear layers, embeddings).
+    """The library's optimizer (AdamW) decaying only matrices (weights of linear layers, embeddings).
 
     Biases and LayerNorm gains (ndim < 2) are not decayed: pulling a gain toward 0 only hurts.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    return lib.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+    return lib.optimizer(groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
 def lr_at(it, cfg):
@@ -86,23 +96,18 @@ def lr_at(it, cfg):
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
 
 
-def set_lr(optimizer, lr):
-    """Give every parameter group the learning rate `lr`, as a schedule does in torch."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-
-
 def train_step(model, optimizer, x, y, grad_clip=1.0, lib=TORCH):
     """The course's answer to exercise 04.8 (`train_step`): read it once your check passes.
 
-    One step: forward, backward, clip the global gradient norm, update. Returns the loss."""
+    One step: forward, backward, clip the global gradient norm, update. Returns the loss tensor
+    (reading it, `loss.item()`, is the caller's choice: a compiled step must not read values mid-step)."""
     _, loss = model(x, y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if grad_clip:
         lib.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
-    return loss.item()
+    return loss
 
 
 def estimate_loss(model, get_batch, eval_iters, lib=TORCH):
@@ -149,11 +154,11 @@ def train(model, get_batch, cfg, progress=True, optimizer=None, lib=TORCH):
             bar.set_postfix(train=f"{history['train_loss'][-1]:.3f}", val=f"{history['val_loss'][-1]:.3f}")
         t0 = time.perf_counter()  # the whole iteration, as nanoGPT times it: schedule, batch, step
         lr = lr_at(it, cfg)
-        set_lr(optimizer, lr)
+        lib.set_lr(optimizer, lr)
         x, y = get_batch("train")
         if lib.to_device is not None:
             x, y = lib.to_device(x, model), lib.to_device(y, model)
-        loss = train_step(model, optimizer, x, y, cfg.grad_clip, lib)
+        loss = train_step(model, optimizer, x, y, cfg.grad_clip, lib).item()
         step_ms.append(1000 * (time.perf_counter() - t0))
         history["iter"].append(it)
         history["lr"].append(lr)

@@ -17,6 +17,7 @@ from course_lib.learner.progress import workspace_dir
 
 # The chapters whose closing cells run the code that a chapter's checks keep (assembled by
 # course_lib.yours). A pass line names them, so the learner knows where their code goes next.
+# tests/test_answers.py reads the same map from the closing cells and the yours/ modules they call.
 USED_BY = {
     "01": ["01", "12", "13"],
     "02": ["02", "06", "12", "13"],
@@ -87,7 +88,7 @@ def save(chapter, exercise, names, source, constants=None):
     """Keep `source` as the learner's passing answer to `exercise`; back up what it replaces.
 
     constants: {argument position: number} for the check's other arguments, such as a block size."""
-    from course_lib.learner.workspace import backup
+    from course_lib.course.workspace.copies import backup
 
     pieces = index(chapter)
     piece = {"names": names, "source": source, "constants": constants or {}}

@@ -144,8 +144,8 @@ _kernel = contextvars.ContextVar("scan_kernel", default=None)
 @contextlib.contextmanager
 def scan_kernel(fn):
     """Inside this block, the "fused" scan (MambaConfig(scan="fused")) is fn, which takes and returns
-    what `selective_scan_sequential` does (without h0). Outside it, chapter 10's kernel. The plug-in
-    point for a kernel of your own."""
+    what `selective_scan_sequential` does (without h0). The plug-in point for a fused kernel: this
+    chapter has none of its own, chapter 10 writes one."""
     token = _kernel.set(fn)
     try:
         yield fn
@@ -154,11 +154,12 @@ def scan_kernel(fn):
 
 
 def selective_scan_fused(x, delta, A, B, C, D, return_state=False):
-    """A fused kernel: one pass, nothing (b, L, D, N) stored. The one `scan_kernel` installed, else
-    chapter 10's (Numba), imported on first use so that this chapter does not need numba."""
+    """The fused kernel that `scan_kernel` installed: one pass, nothing (b, L, D, N) stored."""
     fn = _kernel.get()
     if fn is None:
-        from course_lib.fused.scan_op import selective_scan_fused as fn
+        raise RuntimeError('MambaConfig(scan="fused") runs the fused scan kernel installed by '
+                           '`with scan_kernel(fn):`, and none is installed here: run the model inside such a '
+                           'block (chapter 10 writes the kernel, and installs it that way)')
     return fn(x, delta, A, B, C, D, return_state=return_state)
 
 

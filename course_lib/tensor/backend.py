@@ -117,6 +117,7 @@ REGISTRY: dict = {}
 
 _loaded: dict = {}
 _current = ["numpy"]
+_MISSING = object()
 
 
 class BackendUnavailable(RuntimeError):
@@ -139,6 +140,34 @@ def register_backend(name: str, backend) -> None:
                         "and matmul (see the interface at the top of course_lib/tensor/backend.py)")
     REGISTRY[name] = backend
     _loaded[name] = backend
+
+
+def unregister_backend(name: str) -> None:
+    """Forget the backend registered as `name`. The backend in use cannot be forgotten: leave its
+    `use_backend` block (or `set_backend` another) first."""
+    if name not in REGISTRY:
+        raise KeyError(f"no backend {name!r} is registered; known: {sorted(REGISTRY)}")
+    if name == _current[0]:
+        raise RuntimeError(f"backend {name!r} is the one in use; switch to another before unregistering it")
+    del REGISTRY[name]
+    _loaded.pop(name, None)
+
+
+@contextlib.contextmanager
+def registered_backend(name: str, backend):
+    """`with registered_backend("mine", backend): ...` makes `backend` available as `name` for the block
+    only (as register_backend does); afterwards the registry holds what it held before: the earlier
+    backend of that name, or none. The compiler's tracing backend lives this way, for one capture."""
+    saved = (REGISTRY.get(name, _MISSING), _loaded.get(name, _MISSING))
+    register_backend(name, backend)
+    try:
+        yield get_backend(name)
+    finally:
+        for table, value in zip((REGISTRY, _loaded), saved):
+            if value is _MISSING:
+                table.pop(name, None)
+            else:
+                table[name] = value
 
 
 # The course's own backends, imported lazily: chapter 06's Numba one and chapter 07's CUDA one

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from course_lib.tensor.autodiff import Function, no_grad, unbroadcast
+from course_lib.tensor.autodiff import Function, unbroadcast
 from course_lib.tensor.backend import current_backend
 from course_lib.tensor.broadcast import shape_broadcast
 from course_lib.tensor.tensor_data import ShapeError, TensorData, slice_view
@@ -220,81 +220,60 @@ class GELU(Function):
         return grad * grad._new(map_("gelu_grad", a))
 
 
-class GELUTanh(Function):
-    """GPT-2's GELU: 0.5 a (1 + tanh(u)), u = c (a + k a^3), c = sqrt(2/pi), k = 0.044715.
+# ------------------------------------------------------------ a GPT's ops, composed
+# The ops below are no Functions of their own: each applies a few of the ops above, and autograd records
+# every step. That is all a small model needs. Chapter 12 writes each as ONE fused Function with its
+# backward worked out by hand, and puts it in through the op registry (registry.py, `use_ops`).
 
-    Since 0.5 (1 + tanh(u)) = sigmoid(2u), it is a * s with s = sigmoid(2u): 6 passes over the
-    data instead of 9, and no cancellation in 1 + tanh(u) for very negative a.
-    d/da = s + a s (1 - s) 2u',  2u' = 2c (1 + 3k a^2)."""
+class Composed:
+    """An op of the registry computed by recorded ops of the library: `apply` has a Function's signature."""
+
+    @staticmethod
+    def apply(*inputs, **kwargs):
+        raise NotImplementedError
+
+
+class GELUTanh(Composed):
+    """GPT-2's GELU, 0.5 a (1 + tanh(c (a + k a^3))), as a * sigmoid(2 c (a + k a^3)): the same function
+    (0.5 (1 + tanh u) = sigmoid(2u)), without the cancellation in 1 + tanh(u) for very negative a."""
     C, K = float(np.sqrt(2.0 / np.pi)), 0.044715
 
     @staticmethod
-    def forward(ctx, a):
+    def apply(a):
         c, k = GELUTanh.C, GELUTanh.K
-        with no_grad():
-            a = a.detach()
-            a2 = a * a
-            s = ((a2 * (2 * c * k) + 2 * c) * a).sigmoid()
-            ctx.a, ctx.a2, ctx.s = a, a2, s
-            return (a * s).data
+        return a * (a * (2 * c) * (1.0 + a * a * k)).sigmoid()
+
+
+class LayerNorm(Composed):
+    """(a - mean) / sqrt(var + eps) * weight + bias over the last dim, step by step."""
 
     @staticmethod
-    def backward(ctx, grad):
-        c, k = GELUTanh.C, GELUTanh.K
-        a, a2, s = ctx.a, ctx.a2, ctx.s
-        return grad * (s + s * (1.0 - s) * (a2 * (6 * c * k) + 2 * c) * a)
+    def apply(a, weight, bias, eps):
+        mean = a.mean(-1, keepdim=True)
+        spread = ((a - mean) ** 2.0).mean(-1, keepdim=True)
+        return (a - mean) / (spread + eps).sqrt() * weight + bias
 
 
-class LayerNorm(Function):
-    """(a - mean) / sqrt(var + eps) * weight + bias over the last dim, in one op: with xhat the normalised
-    input and r = 1 / sqrt(var + eps), the gradients are d/dbias = sum(grad), d/dweight = sum(grad xhat)
-    over all rows, and with g = grad * weight:  d/da = r (g - mean(g) - xhat mean(g xhat))."""
-    @staticmethod
-    def forward(ctx, a, weight, bias, eps):
-        with no_grad():
-            a = a.detach()
-            centered = a - a.mean(-1, keepdim=True)
-            r = 1.0 / ((centered * centered).mean(-1, keepdim=True) + eps).sqrt()
-            ctx.xhat, ctx.r, ctx.weight = centered * r, r, weight.detach()
-            return (ctx.xhat * ctx.weight + bias.detach()).data
+class Embedding(Composed):
+    """Row lookup, out[..., :] = weight[idx[...], :], as one_hot(idx) @ weight: a matrix of zeros with one 1
+    per position. Its product's backward adds up the gradient of every position that looked row i up."""
 
     @staticmethod
-    def backward(ctx, grad):
-        xhat, r, n = ctx.xhat, ctx.r, ctx.xhat.shape[-1]
-        rows = grad.reshape(-1, n)
-        g = grad * ctx.weight
-        da = r * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
-        return da, (rows * xhat.reshape(-1, n)).sum(0), rows.sum(0)
+    def apply(weight, idx):
+        idx = np.asarray(idx, dtype=np.int64)
+        rows = np.zeros(idx.shape + weight.shape[:1], dtype=weight.dtype)
+        np.put_along_axis(rows, idx[..., None], 1.0, axis=-1)
+        return weight._new(TensorData.from_numpy(rows, weight.dtype)) @ weight
 
 
-class Embedding(Function):
-    """Row lookup: out[..., :] = weight[idx[...], :]. Backward scatter-adds: row i of d/dweight is the sum
-    of grad over every position that looked up i (a token seen three times in a batch collects three rows)."""
-    @staticmethod
-    def forward(ctx, weight, idx):
-        ctx.idx, ctx.shape = idx, weight.shape
-        return TensorData.from_numpy(weight.numpy()[idx], weight.dtype)
+class MaskedFill(Composed):
+    """a, with `value` wherever mask (1.0/0.0, broadcast to a) is 1: the library's Where picks."""
 
     @staticmethod
-    def backward(ctx, grad):
-        rows = np.zeros(ctx.shape, grad.dtype)
-        np.add.at(rows, ctx.idx.reshape(-1), grad.numpy().reshape(-1, ctx.shape[1]))
-        return grad._new(TensorData.from_numpy(rows, grad.dtype))
-
-
-class MaskedFill(Function):
-    """a, with `value` wherever mask (1.0/0.0, broadcast to a) is 1;  d/da = grad where mask is 0."""
-    @staticmethod
-    def forward(ctx, a, mask, value):
+    def apply(a, mask, value):
         if shape_broadcast(mask.shape, a.shape, "masked_fill") != a.shape:
             raise ShapeError(f"masked_fill: mask of shape {mask.shape} does not broadcast to {a.shape}")
-        ctx.mask = mask
-        return current_backend().where(mask.data, a._lift(value).data, a.data)
-
-    @staticmethod
-    def backward(ctx, grad):
-        zero = grad._lift(0.0)
-        return grad._new(current_backend().where(ctx.mask.data, zero.data, grad.data)), None
+        return Where.apply(mask, a._lift(value), a)
 
 
 class Where(Function):
@@ -378,19 +357,12 @@ class LogSoftmax(Function):
         return grad - softmax * grad.sum(ctx.dim, keepdim=True)
 
 
-class Softmax(Function):
-    """s = exp(a - max) / sum(...);  d/da = s * (grad - sum(grad * s))."""
-    @staticmethod
-    def forward(ctx, a, dim):
-        b = current_backend()
-        e = b.map("exp", b.zip("sub", a.data, b.reduce("max", a.data, dim)))
-        ctx.out, ctx.dim = b.zip("div", e, b.reduce("sum", e, dim)), dim
-        return ctx.out
+class Softmax(Composed):
+    """exp(log_softmax(a)) over dim: two recorded ops (the loss's LogSoftmax above, then Exp)."""
 
     @staticmethod
-    def backward(ctx, grad):
-        s = grad._new(ctx.out)
-        return s * (grad - (grad * s).sum(ctx.dim, keepdim=True))
+    def apply(a, dim):
+        return LogSoftmax.apply(a, dim=dim).exp()
 
 
 # ------------------------------------------------------------ matmul

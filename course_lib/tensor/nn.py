@@ -65,8 +65,8 @@ class ModuleDict(Module):
 
 
 class Embedding(Module):
-    """Row lookup: index i -> weight[i] (functions.Embedding). The same as one_hot(i) @ weight, without
-    the (positions x vocabulary) matrix of zeros: the backward adds each position's gradient into its row."""
+    """Row lookup: index i -> weight[i], the op registry's "Embedding": by default one_hot(i) @ weight
+    (functions.py); chapter 12 writes it as one op, without the (positions x vocabulary) matrix of zeros."""
 
     def __init__(self, num_embeddings: int, dim: int, dtype=np.float32):
         super().__init__()
@@ -84,8 +84,8 @@ class Embedding(Module):
 
 
 class LayerNorm(Module):
-    """Normalise the last dim to mean 0, variance 1, then scale and shift (learned). One fused op
-    (functions.LayerNorm), whose backward is written out, instead of a dozen recorded ones."""
+    """Normalise the last dim to mean 0, variance 1, then scale and shift (learned): the op registry's
+    "LayerNorm", by default a dozen recorded ops (functions.py); chapter 12 writes it as one fused op."""
 
     def __init__(self, dim: int, eps: float = 1e-5, dtype=np.float32):
         super().__init__()

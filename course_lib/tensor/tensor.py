@@ -1,7 +1,8 @@
 """The Tensor: strided data plus the autograd record, with a torch-like API.
 
-Every method is a thin wrapper: it picks the Function from functions.py and
-calls `.apply`, which computes the value on the current backend and records the
+Every method is a thin wrapper: it picks the Function from the op registry, imported
+as `F` (registry.py: functions.py's classes, unless a `use_ops` block put others in),
+and calls `.apply`, which computes the value on the current backend and records the
 op so that `.backward()` can run it in reverse.
 """
 

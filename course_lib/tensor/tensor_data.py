@@ -120,8 +120,11 @@ class TensorData:
 
     def to_numpy(self) -> np.ndarray:
         """A numpy view of the same memory (no copy): numpy understands strides too.
-        Treat it as read-only unless the data is a fresh output."""
+        Treat it as read-only unless the data is a fresh output. Storage in a GPU's memory (chapter 07's
+        CUDA backend) is copied to the host first: the view is then of that copy."""
         storage = self.storage
+        if not isinstance(storage, np.ndarray):
+            storage = storage.copy_to_host()
         if self.offset == 0 and storage.size == self.size and self.is_contiguous():
             return storage.reshape(self.shape)
         if self.size == 0:

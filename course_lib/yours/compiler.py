@@ -18,10 +18,7 @@ A piece you have not saved (or turned off with `yours.use("13", False)`) is the 
 from course_lib import yours
 from course_lib.compiler import Pieces
 from course_lib.compiler import compile as course_compile
-from course_lib.compiler.codegen import pointwise_source
-from course_lib.compiler.fuse import can_join
-from course_lib.compiler.guards import guard
-from course_lib.compiler.trace import record
+from course_lib.compiler.answers import can_join, guard, pointwise_source, record
 
 COURSE = {"record": record, "can_join": can_join, "pointwise_source": pointwise_source, "guard": guard}
 

@@ -8,30 +8,39 @@
 
 What runs where:
     the Mamba's selective scan, forward     your fused_scan (chapter 10)
-    the Mamba's selective scan, backward    the course's scan_cpu.scan_backward, replaying your checkpoints
+    the Mamba's selective scan, backward    the course's backward kernel, replaying your checkpoints
     the GPT's attention, forward            your flash_forward, inside your op (register_flash_attention)
     the GPT's attention, backward           your flash_backward, inside the same op
 The models take them through their declared plug-in points, `mamba.scan.scan_kernel` and
 `gpt.model.attention_kernel`. A kernel you have not saved (or turned off with `yours.use("10", False)`)
-is the course's: the pieces share the signatures of course_lib.fused's kernels.
+is the course's own answer to that exercise, found through course_lib/answer_key.py: the pieces share
+its signatures.
 """
 
 import contextlib
+import importlib
 import itertools
 
 import torch
 
-from course_lib import yours
+from course_lib import answer_key, yours
 from course_lib.custom_ops.functions import as_numpy
-from course_lib.fused import attention_cpu, attention_op, scan_cpu
-from course_lib.fused.scan_op import selective_scan_backward
+from course_lib.fused.scan_op import CHUNK, selective_scan_backward
 from course_lib.gpt.model import attention_kernel
 from course_lib.mamba.scan import scan_kernel
 
-COURSE = {"fused_scan": scan_cpu.scan_forward,
-          "flash_forward": attention_cpu.forward_kernel,
-          "flash_backward": attention_cpu.backward_kernel,
-          "register_flash_attention": attention_op.register}
+# the pieces the exercises save, and the check that passes each (register_flash_attention's is attention_op)
+CHECKS = {"fused_scan": "fused_scan", "flash_forward": "flash_forward", "flash_backward": "flash_backward",
+          "register_flash_attention": "attention_op"}
+
+
+def course_piece(check):
+    """The course's answer to chapter 10's exercise `check`, from the answer key's "module:qualname"."""
+    module, qualname = answer_key.CH10[check].split(":")
+    return getattr(importlib.import_module(module), qualname)
+
+
+COURSE = {piece: course_piece(check) for piece, check in CHECKS.items()}
 
 _names = itertools.count()   # an op name is taken for good once registered: a fresh one per assembly
 
@@ -68,7 +77,7 @@ class Kernels:
     def scan(self, x, delta, A, B, C, D, return_state=False):
         """Chapter 05's selective scan signature, on your fused_scan."""
         args = (t.to(x.dtype).contiguous() for t in (x, delta, A, B, C, D))
-        y, h_last = _Scan.apply(*args, self.pieces["fused_scan"], scan_cpu.CHUNK)
+        y, h_last = _Scan.apply(*args, self.pieces["fused_scan"], CHUNK)
         return (y, h_last) if return_state else y
 
     def attention(self, q, k, v):

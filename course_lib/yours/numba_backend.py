@@ -76,6 +76,27 @@ def op_inlined(op):
 _ints = functools.lru_cache(maxsize=4096)(as_int_array)
 
 
+@functools.lru_cache(maxsize=4096)
+def _as_rows(a_shape, b_shape, shape):
+    """The three shapes as matrices (rows, cols), or None: where each operand is either all of the output or
+    repeats it along leading dims only (x (B, T, C) + pos (T, C)), the trailing dims flatten into one row,
+    and your row_layout then reads the repeated operand as a row. The data do not move."""
+    splits = []
+    for s in (a_shape, b_shape):
+        padded = (1,) * (len(shape) - len(s)) + tuple(s)
+        lead = 0
+        while lead < len(shape) and padded[lead] == 1 and shape[lead] != 1:
+            lead += 1
+        if padded[lead:] != shape[lead:]:
+            return None
+        splits.append(lead)
+    lead = max(splits)
+    if lead == 0 or lead == len(shape):
+        return None
+    rows, cols = math.prod(shape[:lead]), math.prod(shape[lead:])
+    return tuple((rows, cols) if split == 0 else (cols,) for split in splits) + ((rows, cols),)
+
+
 def _storage(view):
     """The view's storage from its first element on (your kernels read position 0 as the offset)."""
     return view.storage[view.offset:] if view.offset else view.storage
@@ -172,12 +193,14 @@ class YoursNumbaBackend(backends.BackendOfYours):
             out = _fresh(shape, a.dtype if a.dtype is b.dtype else np.result_type(a.dtype, b.dtype))
         if not out.size:
             return out
-        layouts = None
+        layouts, rows = None, (a.shape, b.shape, shape)
         if self._layout and "flat_zip" in k and a.is_contiguous() and b.is_contiguous() and out.is_contiguous():
             layouts = self._layout(a.shape, shape), self._layout(b.shape, shape)
+            if None in layouts and (rows := _as_rows(a.shape, b.shape, shape)) is not None:
+                layouts = self._layout(rows[0], rows[2]), self._layout(rows[1], rows[2])
         if layouts and None not in layouts:
             (a_row, a_spread), (b_row, b_spread) = layouts
-            self._run("flat_zip", k["flat_zip"], op_inlined(op), _flat(out), shape[-1] if shape else 1,
+            self._run("flat_zip", k["flat_zip"], op_inlined(op), _flat(out), rows[2][-1] if rows[2] else 1,
                       _flat(a), a_row, a_spread, _flat(b), b_row, b_spread)
         elif "strided_zip" in k:
             set_threads(out.size)

@@ -20,10 +20,15 @@ import course_lib.tensor as ct
 from course_lib import yours
 from course_lib.tensor import functions as F
 from course_lib.tensor import nn, optim
-from course_lib.tensor.autodiff import Context, Function
-from course_lib.tensor.backend import current_backend
+from course_lib.tensor.autodiff import Context
 from course_lib.tensor.broadcast import shape_broadcast
-from course_lib.tensor.tensor_data import TensorData
+from course_lib.yours.adapters import (
+    AdamOfYours,
+    CrossEntropyOfYours,
+    MatMulWithYourBackward,
+    SGDOfYours,
+    pieces_in_force,
+)
 
 # ---- the course's version of each piece, used where yours is not saved -------------------
 
@@ -41,6 +46,15 @@ def _course_adam_step(p, g, m, v, t, lr, b1, b2, eps):
     return p.numpy(), state["m"].numpy(), state["v"].numpy()
 
 
+def _course_log_softmax(x):
+    return ct.Tensor(x).log_softmax(-1).numpy()
+
+
+def _course_cross_entropy(logits, target):
+    """In numpy: the library's cross_entropy is what this piece computes, inside `Parts.running()`."""
+    return -_course_log_softmax(logits)[np.arange(len(target)), target].mean()
+
+
 def _course_sgd_momentum_step(p, g, v, lr, momentum):
     state = {"v": ct.Tensor(v)}
     p = optim.SGD([], lr, momentum).update(ct.Tensor(p), ct.Tensor(g), state)
@@ -53,98 +67,30 @@ COURSE = {
     "strided_reduce": None,  # only your Tensor calls it, through your Sum
     "Mul": F.Mul, "Sum": F.Sum, "Tensor": ct.Tensor,
     "matmul_backward": _course_matmul_backward,
-    "log_softmax": lambda x: ct.Tensor(x).log_softmax(-1).numpy(),
-    "cross_entropy": lambda logits, target: ct.cross_entropy(ct.Tensor(logits), target).item(),
+    "log_softmax": _course_log_softmax,
+    "cross_entropy": _course_cross_entropy,
     "Linear": nn.Linear,
     "sgd_momentum_step": _course_sgd_momentum_step,
     "adam_step": _course_adam_step,
 }
 
 
-# ---- the parts of the MLP, each built around one of your pieces ---------------------------
-
-class MatMulWithYourBackward(Function):
-    """a @ b on the current backend; the backward is `matmul_backward` (yours), set by the subclass
-    an assembly makes (`Parts`)."""
-
-    matmul_backward = None
-
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
-        return current_backend().matmul(a.data, b.data)
-
-    @classmethod
-    def backward(cls, ctx, grad):
-        a, b = ctx.saved_tensors
-        ga, gb = cls.matmul_backward(a.numpy(), b.numpy(), grad.numpy())
-        return ct.Tensor(ga, dtype=a.dtype), ct.Tensor(gb, dtype=b.dtype)
-
-
-class CrossEntropyOfYours(Function):
-    """Your cross_entropy; backward: (softmax - one_hot) / batch, softmax = exp(your log_softmax).
-    `log_softmax` and `cross_entropy` are set by the subclass an assembly makes (`Parts`)."""
-
-    log_softmax = cross_entropy = None
-
-    @classmethod
-    def forward(cls, ctx, logits, target):
-        x = logits.numpy()
-        ctx.probs, ctx.target = np.exp(cls.log_softmax(x)), target
-        return TensorData.from_numpy(cls.cross_entropy(x, target), x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        g = ctx.probs.copy()
-        g[np.arange(len(ctx.target)), ctx.target] -= 1
-        return grad * ct.Tensor(g / len(ctx.target), dtype=grad.dtype)
-
-
-def _with(function, name, **pieces):
-    """`function` with its pieces filled in: a subclass named `name` that holds them."""
-    return type(name, (function,), {k: staticmethod(f) for k, f in pieces.items()})
-
-
-class AdamOfYours(optim.Adam):
-    """The course's Adam, whose update is your adam_step."""
-
-    def __init__(self, params, adam_step, **options):
-        super().__init__(params, **options)
-        self.adam_step = adam_step
-
-    def update(self, param, grad, state):
-        t = state["t"] = state.get("t", 0) + 1
-        zeros = np.zeros(param.shape, param.dtype)
-        new, state["m"], state["v"] = self.adam_step(param.numpy(), grad.numpy(), state.get("m", zeros),
-                                                     state.get("v", zeros), t, self.lr, *self.betas, self.eps)
-        return ct.Tensor(new, dtype=param.dtype)
-
-
-class SGDOfYours(optim.SGD):
-    """The course's SGD with momentum, whose update is your sgd_momentum_step."""
-
-    def __init__(self, params, sgd_momentum_step, **options):
-        super().__init__(params, **options)
-        self.sgd_momentum_step = sgd_momentum_step
-
-    def update(self, param, grad, state):
-        v = state.get("v", np.zeros(param.shape, param.dtype))
-        new, state["v"] = self.sgd_momentum_step(param.numpy(), grad.numpy(), v, self.lr, self.momentum)
-        return ct.Tensor(new, dtype=param.dtype)
-
+# ---- the parts of the MLP --------------------------------------------------------------------
 
 class Parts:
-    """Your chapter 02 pieces (the course's where yours are not saved) as the parts of an MLP."""
+    """Your chapter 02 pieces (the course's where yours are not saved) as the parts of an MLP: your `Linear`
+    and `Tensor`; inside `running()`, every `@` backpropagated by your matmul_backward and the library's
+    cross_entropy computed by your log_softmax and cross_entropy (the adapters of adapters.py)."""
 
     def __init__(self, pieces):
         self.pieces = pieces
         self.Linear, self.Tensor = pieces["Linear"], pieces["Tensor"]
-        self.MatMul = _with(MatMulWithYourBackward, "MatMul", matmul_backward=pieces["matmul_backward"])
-        self.CrossEntropy = _with(CrossEntropyOfYours, "CrossEntropy", log_softmax=pieces["log_softmax"],
-                                  cross_entropy=pieces["cross_entropy"])
 
-    def cross_entropy(self, logits, target):
-        return self.CrossEntropy.apply(logits, target=np.asarray(target))
+    @contextlib.contextmanager
+    def running(self):
+        """Inside the block, the library's `@` and cross_entropy run your pieces (the op registry)."""
+        with pieces_in_force(self.pieces), ct.use_ops(MatMul=MatMulWithYourBackward, CrossEntropy=CrossEntropyOfYours):
+            yield self
 
     def Adam(self, params, **options):
         return AdamOfYours(params, self.pieces["adam_step"], **options)
@@ -156,14 +102,6 @@ class Parts:
 def assemble(quiet=False):
     """Your chapter 02 pieces (the course's where yours are not saved) as the parts of an MLP."""
     return Parts(yours.pieces("02", reference=COURSE, quiet=quiet))
-
-
-@contextlib.contextmanager
-def matmul_is(MatMul):
-    """Inside the block, every `a @ b` of the library runs `MatMul` (your backward): the library's op
-    registry (course_lib/tensor/registry.py) holds it under "MatMul" for the block."""
-    with ct.use_ops(MatMul=MatMul):
-        yield
 
 
 def first_layer(parts, x, layer):
@@ -193,10 +131,10 @@ def train_digits(parts=None, backend="numpy", epochs=10, seed=0, quiet=False, hi
     opt = parts.Adam(model.parameters(), lr=lr) if optimizer == "adam" else parts.SGD(
         model.parameters(), lr=lr, momentum=0.9)
     losses, start = [], time.perf_counter()
-    with ct.use_backend(backend), matmul_is(parts.MatMul):
+    with ct.use_backend(backend), parts.running():
         for epoch in range(epochs):
             for xb, yb in ct.DataLoader(X_train, y_train, batch_size=64, seed=seed + epoch):
-                loss = parts.cross_entropy(model(xb), yb)
+                loss = ct.cross_entropy(model(xb), yb)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()

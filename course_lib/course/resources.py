@@ -6,7 +6,7 @@ current directory or to `REPO_DIR`; it asks this module, which looks in the inst
 (`importlib.resources`: the wheel carries benchmarks/ as `course_lib/benchmarks`, see setup.py) and,
 in a clone of the course, in its benchmarks/ folder.
 
-    from course_lib.resources import benchmark_file
+    from course_lib.course.resources import benchmark_file
     print(benchmark_file("RESULTS.md").read_text())
 """
 

@@ -1,6 +1,6 @@
 """The course in Google Colab: what a notebook's first cell sets up there.
 
-Every notebook starts with a small cell (written by `course build`, see `course_lib.launch`) that does
+Every notebook starts with a small cell (written by `course build`, see `course_lib.course.links`) that does
 nothing outside Colab. In Colab it pip-installs this library without its dependencies, at the
 notebook's own branch, and calls `setup()`, which
 
@@ -29,7 +29,7 @@ WORKSPACE = Path("/content/course-work")
 
 def versions():
     """colab_versions.toml as a dict."""
-    return tomllib.loads(resources.files("course_lib").joinpath("colab_versions.toml").read_text(encoding="utf-8"))
+    return tomllib.loads(resources.files("course_lib.course").joinpath("colab_versions.toml").read_text(encoding="utf-8"))
 
 
 def _installed(name):

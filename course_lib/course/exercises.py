@@ -14,12 +14,14 @@ import re
 
 import nbformat
 
-from course_lib import REPO_DIR, nbtools
+from course_lib import REPO_DIR
+from course_lib.course import nbtools
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 _REGION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)", re.M | re.S)
 CHECK_CALL = re.compile(r"\bcheck\.(\w+)\(")
 SIZE = re.compile(r"\babout \d+(-\d+)? lines?\b", re.I)
+TITLE = re.compile(r"# (\d\d) · \S")
 
 
 def stub(match):
@@ -89,3 +91,13 @@ def lint(nb):
         if is_check(cell) and not CHECK_CALL.search(cell.source):
             problems.append(f"cell {i}: a check cell must call check.<name>(...)")
     return problems
+
+
+def lint_lesson(nb, name):
+    """Problems with a lesson's conventions: its first line is its title, "# NN · Topic", the way the
+    book's sidebar and JupyterLab's table of contents list the chapters (the welcome lesson, 00, has
+    the course's own title)."""
+    first = nb.cells[0].source.strip().splitlines()[0] if nb.cells and nb.cells[0].source.strip() else ""
+    if name.startswith("00_") or ((m := TITLE.match(first)) and m.group(1) == name[:2]):
+        return []
+    return [f"the title must read \"# {name[:2]} · Topic\", as the other chapters' do; it reads {first!r}"]

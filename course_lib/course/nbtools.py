@@ -8,15 +8,14 @@ starting with `# %%`. `# %% [markdown]` starts a markdown cell whose lines are c
 import json
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import nbformat
+import zmq
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-# The kernel `course setup` registers (cli.install_kernel): the notebooks carry its own name, so that
+# The kernel `course setup` registers (environment.install_kernel): the notebooks carry its own name, so that
 # JupyterLab has nothing to rewrite when a learner opens one.
 KERNEL = {"name": "python3", "display_name": "Python 3 (course)", "language": "python"}
 
@@ -39,15 +38,13 @@ def run_cells(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3", s
     """Run the notebook's code cells one by one in a fresh kernel started in `cwd`, yielding each
     (index, cell) once it has run, so a caller can report progress or stop early.
 
-    skip(cell) -> True leaves a cell unrun (its old outputs are cleared). On Linux and macOS the
-    kernel talks over local (IPC) sockets rather than TCP: nothing is exposed on the network, and the
-    kernel has no plain-TCP warning to print.
+    skip(cell) -> True leaves a cell unrun (its old outputs are cleared). The kernel talks over
+    Jupyter's default transport, TCP on 127.0.0.1, as JupyterLab's kernels do (see
+    `course_lib.course.lab.kernel_settings`), encrypted where ZeroMQ has CurveZMQ.
     """
     km = KernelManager(kernel_name=kernel_name)
-    sockets = None
-    if os.name == "posix":  # socket files under an absolute path, since the kernel runs in `cwd`
-        sockets = tempfile.mkdtemp(prefix="course-kernel-")
-        km.transport, km.ip = "ipc", os.path.join(sockets, "k")
+    if zmq.has("curve"):
+        km.transport_encryption = "auto"
     client = NotebookClient(nb, km=km, timeout=timeout, kernel_name=kernel_name, allow_errors=allow_errors,
                             resources={"metadata": {"path": str(cwd)}})
     try:
@@ -63,8 +60,6 @@ def run_cells(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3", s
     finally:
         if km.has_kernel:
             km.shutdown_kernel(now=True)
-        if sockets:
-            shutil.rmtree(sockets, ignore_errors=True)
 
 
 def execute(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3"):
@@ -75,7 +70,8 @@ def execute(nb, cwd, timeout=600, allow_errors=False, kernel_name="python3"):
 
 
 def clean_metadata(nb):
-    """Drop per-run metadata (timings, widget state) so re-running changes only outputs."""
+    """Drop per-run metadata (timings, widget state) so re-running changes only outputs, and the folder
+    of the machine that ran it from the outputs (a traceback shows course_lib/tensor/tensor.py)."""
     nb.metadata.pop("widgets", None)
     nb.metadata["kernelspec"] = dict(KERNEL)
     nb.metadata.setdefault("language_info", {"name": "python"})
@@ -83,7 +79,24 @@ def clean_metadata(nb):
         cell.metadata.pop("execution", None)
         cell.metadata.pop("collapsed", None)
         cell.metadata.pop("scrolled", None)
+        for output in cell.get("outputs", []):
+            _relative_paths(output)
     return nb
+
+
+def _relative_paths(output):
+    """Paths inside the checkout made relative to it, in an output's text and traceback."""
+    from course_lib import REPO_DIR
+
+    def fix(text):
+        return text.replace(f"{REPO_DIR}{os.sep}", "")
+
+    if "text" in output:
+        output["text"] = fix(output["text"])
+    if "traceback" in output:
+        output["traceback"] = [fix(line) for line in output["traceback"]]
+    if "text/plain" in output.get("data", {}):
+        output["data"]["text/plain"] = fix(output["data"]["text/plain"])
 
 
 def from_script(text):

@@ -7,7 +7,7 @@ notebook (the exercise notebooks get them from the solutions), and the README's 
 - `launch-links`, a markdown cell: this notebook in Colab and in Binder, and its partner (a lesson's
   exercise notebook, an exercise notebook's lesson);
 - `colab-setup`, a code cell that does nothing outside Colab and in Colab installs the library from
-  the same branch as the notebook (course_lib.colab says what else it does). It is tagged
+  the same branch as the notebook (course_lib.course.colab says what else it does). It is tagged
   `nbval-skip`, so the tests never run it, and `remove-cell`, so the book leaves it out.
 
 Both cells are found by their cell id, so running the command again rewrites them in place: run it
@@ -20,7 +20,8 @@ from urllib.parse import quote, urlparse
 
 import nbformat
 
-from course_lib import REPO_DIR, __version__, nbtools
+from course_lib import REPO_DIR, __version__
+from course_lib.course import nbtools
 
 BRANCH = "main"  # the branch the links open and the Colab cell installs from
 LINKS_ID, SETUP_ID = "launch-links", "colab-setup"
@@ -90,7 +91,7 @@ def setup_source(repo=REPO_DIR):
         "if \"google.colab\" in sys.modules:\n"
         "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", \"--no-deps\",\n"
         f"                    \"{install_requirement(repo)}\"], check=True)\n"
-        "    from course_lib import colab\n"
+        "    from course_lib.course import colab\n"
         f"    colab.setup(\"{__version__}\")"
     )
 
