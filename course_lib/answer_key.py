@@ -2,7 +2,8 @@
 
 Read an answer only once your check passes. Each entry maps a chapter's exercise (its check's name) to
 the definition that answers it, as "module:qualname" (a tuple of them when the answer is a forward and
-its rule, say), or to the solved notebook when the answer lives only there. Every definition named here
+its rule, say, the first being the one with the exercise's signature), or to the solved notebook when
+the answer lives only there. Every definition named here
 starts its docstring with a banner:
 
     The course's answer to exercise 10.3 (`flash_forward`): read it once your check passes.
@@ -148,9 +149,11 @@ CH09 = {
 # ---- chapter 10 ----
 CH10 = {
     "online_softmax_update": SOLVED,
-    "fused_scan": "course_lib.fused.scan_cpu:scan_forward",
-    "flash_forward": "course_lib.fused.attention_cpu:forward_kernel",
-    "flash_backward": "course_lib.fused.attention_cpu:backward_kernel",
+    "fused_scan": ("course_lib.fused.scan_cpu:scan_forward", "course_lib.fused.scan_cpu:forward_kernel",
+                   "course_lib.fused.scan_cuda:scan_forward_kernel"),
+    "flash_forward": ("course_lib.fused.attention_cpu:forward_kernel", "course_lib.fused.attention_cpu:forward_tile"),
+    "flash_backward": ("course_lib.fused.attention_cpu:backward_kernel",
+                       "course_lib.fused.attention_cpu:backward_key_tile"),
     # 10.5, `flash_forward_cuda`: its line comes with the CUDA exercise
     "attention_op": "course_lib.fused.attention_op:register",
 }
@@ -176,12 +179,13 @@ CH12 = {"softmax_function": "course_lib.capstone.functions:Softmax",
         "embedding_function": "course_lib.capstone.functions:Embedding",
         "masked_fill_function": "course_lib.capstone.functions:MaskedFill",
         "attention_function": "course_lib.capstone.functions:CausalAttention",
-        "block": "course_lib.capstone.model:Block",
+        "block": ("course_lib.capstone.model:Block", "course_lib.capstone.model:MLP",
+                  "course_lib.capstone.model:CausalSelfAttention"),
         "gpt": "course_lib.capstone.model:GPT",
-        "adamw": "course_lib.capstone.optim:AdamW",
-        "lr_schedule": "course_lib.capstone.optim:lr_at",
+        "adamw": ("course_lib.capstone.optim:AdamW", "course_lib.capstone.optim:param_groups"),
+        "lr_schedule": ("course_lib.capstone.optim:lr_at", "course_lib.gpt.schedule:lr_at"),
         "clip_grad_norm": "course_lib.capstone.optim:clip_grad_norm",
-        "checkpoint": "course_lib.capstone.train:save_checkpoint",
+        "checkpoint": ("course_lib.capstone.train:save_checkpoint", "course_lib.capstone.train:load_checkpoint"),
         "train": "course_lib.capstone.train:train",
         "generate": "course_lib.capstone.sample:generate"}
 

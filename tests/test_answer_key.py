@@ -379,6 +379,7 @@ class Pointer:
 
 SUBPACKAGES = sorted(p.name for p in LIB.iterdir() if (p / "__init__.py").exists())
 PATH = re.compile(r"(?:work/)?\bcourse_lib(?:/[\w.-]+)*/?")
+PACKAGE_PATH = re.compile(r"(?<![\w/.-])(?:" + "|".join(SUBPACKAGES) + r")/(?:[\w-]+/)*(?:\w+\.py\b)?")
 DOTTED = re.compile(r"\b(?:course_lib|" + "|".join(SUBPACKAGES) + r")(?:\.\w+)+")
 BARE_FILE = re.compile(r"(?<![\w/.-])(\w+)\.py\b")
 SHOW = re.compile(r"^\s*(?:\?\?\s*([\w.]+)|([\w.]+)\s*\?\?)\s*$|getsource\(\s*([\w.]+)\s*\)", re.M)
@@ -440,26 +441,37 @@ def span_of(obj):
     return (start, start + len(lines) - 1)
 
 
-def text_pointers(text, where):
-    """The pointers in prose, a code cell's text, a printed output or a message."""
+def package_of(module):
+    return module if LIBRARY[module].path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def text_pointers(text, where, named=None):
+    """The pointers in prose, a code cell's text, a printed output or a message. A bare file name
+    (`optim.py`) leads to the file of that name in a package the same text names, else in one that
+    `named` holds (the packages the notebook named before: the set grows with this text's), else to
+    every file of that name."""
     found = []
     packages = set()
-    for m in PATH.finditer(text):
-        module = module_of_path(m.group(0))
+    paths = [(m.group(0), module_of_path(m.group(0))) for m in PATH.finditer(text)]
+    paths += [(m.group(0), module_of_path("course_lib/" + m.group(0))) for m in PACKAGE_PATH.finditer(text)]
+    for shown, module in paths:
         if module:
-            found.append(Pointer(where, m.group(0), module))
-            packages.add(module if LIBRARY[module].path.name == "__init__.py" else module.rpartition(".")[0])
+            found.append(Pointer(where, shown, module))
+            packages.add(package_of(module))
     for m in DOTTED.finditer(text):
         module, _ = resolve_dotted(m.group(0))
         if module:
             found.append(Pointer(where, m.group(0), module))
-            packages.add(module if LIBRARY[module].path.name == "__init__.py" else module.rpartition(".")[0])
+            packages.add(package_of(module))
     for m in BARE_FILE.finditer(text):
         stem = m.group(1)
         candidates = [name for name, mod in LIBRARY.items() if mod.path.stem == stem]
         near = [c for c in candidates if c.rpartition(".")[0] in packages]
-        for module in near or candidates:
+        earlier = [c for c in candidates if c.rpartition(".")[0] in (named or ())]
+        for module in near or earlier or candidates:
             found.append(Pointer(where, m.group(0), module))
+    if named is not None:
+        named |= packages
     return found
 
 
@@ -536,14 +548,16 @@ def cell_texts(cell):
 
 def notebook_pointers(path, label, upto=None, strict=False):
     """The pointers of a notebook's cells (those before cell `upto`, if given)."""
-    found, names = [], Namespace()
+    found, names, named = [], Namespace(), set()
     for i, cell in enumerate(nbtools.read(path).cells):
         if upto is not None and i >= upto:
             break
         where = f"{label} {path.parent.name}/{path.name} cell {i}"
-        found += text_pointers(cell_texts(cell), where)
+        found += text_pointers(cell_texts(cell), where, named)
         if cell.cell_type == "code":
-            found += names.read(cell.source, where, strict)
+            cell_found = names.read(cell.source, where, strict)
+            named |= {package_of(p.module) for p in cell_found}
+            found += cell_found
     return found
 
 
@@ -707,12 +721,16 @@ def test_no_hint_or_check_message_quotes_the_answer(ex):
 
 def test_the_pointer_reader_finds_each_kind():
     text = ("Read `course_lib/fast/matmul.py`, then course_lib.gpt.model.causal_attention, then fast.pool "
-            "and `passes.py` of course_lib.infer.")
+            "and `passes.py` of course_lib.infer, and simd/tiles.py.")
     found = {(p.text, p.module) for p in text_pointers(text, "here")}
     assert ("course_lib/fast/matmul.py", "course_lib.fast.matmul") in found
     assert ("course_lib.gpt.model.causal_attention", "course_lib.gpt.model") in found
     assert ("fast.pool", "course_lib.fast.pool") in found
     assert ("passes.py", "course_lib.infer.passes") in found
+    assert ("simd/tiles.py", "course_lib.simd.tiles") in found
+    named = {"course_lib.tensor"}          # a notebook that named course_lib/tensor/ before
+    assert {p.module for p in text_pointers("`optim.py` runs them", "here", named)} == {"course_lib.tensor.optim"}
+    assert len({p.module for p in text_pointers("`optim.py` runs them", "here")}) > 1
     names = Namespace()
     shown = names.read("from course_lib.tensor import Tensor\nimport course_lib.tensor as ct\nct.TensorData\n", "x", True)
     modules = {p.module for p in shown}
