@@ -196,7 +196,13 @@ CH13 = {"record": "course_lib.compiler.answers:record",
         "guard": "course_lib.compiler.answers:guard"}
 
 # ---- chapter 14 ----
-CH14 = {}
+CH14 = {
+    "block_manager": "course_lib.serve.blocks:BlockManager",
+    "paged_attention": "course_lib.serve.paged_attention:paged_attention",
+    "schedule": "course_lib.serve.scheduler:schedule",
+    "speculative_accept": "course_lib.serve.acceptance:accept",
+    "int8_linear": ("course_lib.serve.int8:quantize", "course_lib.serve.int8:int8_matmul"),
+}
 
 ANSWERS = {chapter: table for chapter, table in (
     ("00", CH00), ("01", CH01), ("02", CH02), ("03", CH03), ("04", CH04), ("05", CH05), ("06", CH06),
