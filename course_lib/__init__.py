@@ -9,6 +9,8 @@ tooling, not teaching code: the `course` command, JupyterLab's setup, the learne
 notebooks are built and run. The helpers every chapter uses are:
 
 - `course_lib.checks`  the exercise checks and the toolkit they are written with
+- `course_lib.gradcheck` numerical derivatives and gradient checks (the course's answers to chapter 00's
+  exercises: read them once your checks pass)
 - `course_lib.viz`     graph drawings (graphviz) and training curves (matplotlib)
 - `course_lib.data`    offline data: two moons, scikit-learn digits, a text corpus
 - `course_lib.device`  GPU detection and Numba's CUDA simulator
