@@ -14,6 +14,7 @@ Needs Debian's `chromium` (driven by Playwright from PyPI; no browser download).
 are skipped, visibly, when chromium is missing; in CI they must run.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -75,7 +76,8 @@ class Lab:
         argv = [sys.executable, "-m", "course_lib.course.commands", "lab", "--no-browser", f"--ServerApp.port={self.port}",
                 "--ServerApp.port_retries=0"]
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.process = subprocess.Popen(argv, env=self.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(argv, env=self.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)   # a group of its own, to end with it
         deadline = time.time() + 180
         while not (found := URL.search(self.out.read_text() + self.err.read_text())):
             assert self.process.poll() is None, f"`course lab` stopped:\n{self.printed}\n{self.log[-3000:]}"
@@ -85,13 +87,18 @@ class Lab:
         self.base = f"http://127.0.0.1:{port}"
 
     def stop(self):
+        """SIGTERM to `course lab`, as a user's system sends it; whatever of its group is left after a minute
+        (the server, its kernels) is killed, so that no server outlives the tests."""
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                pass
+        if self.process:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
 
     def restart(self):
         self.stop()
