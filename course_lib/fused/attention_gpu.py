@@ -64,6 +64,7 @@ def forward_kernel(dtype, D, DV):
     BQ, BK = tiles(dtype)
     RM, RN = BQ // ROW_GROUPS, BK // LANES       # each thread's block of scores: RM rows, RN columns
     E = -(-DV // LANES)                          # each thread's output columns
+    DVP, NB = E * LANES, max(RN, E)              # v's tile padded to whole lanes; the loads' buffer
     KP = max(D * BK, BK * BQ)                    # the buffer of K's tile, then of P's
     inf = math.inf
 
@@ -75,13 +76,13 @@ def forward_kernel(dtype, D, DV):
         i0, offset = tile * BQ, Tk - Tq
         qt = cuda.shared.array((D, BQ), dtype)   # q's tile, transposed, times scale * log2(e)
         kp = cuda.shared.array(KP, dtype)        # K's tile transposed (kk * BK + j), then P's (j * BQ + row)
-        vs = cuda.shared.array((BK, E * LANES), dtype)
+        vs = cuda.shared.array((BK, DVP), dtype)
         s = cuda.local.array((RM, RN), dtype)    # this thread's scores, then probabilities
         acc = cuda.local.array((RM, E), dtype)
         m = cuda.local.array(RM, dtype)          # running max (in log2 units)
         l = cuda.local.array(RM, dtype)          # this lane's share of the running sum
         a = cuda.local.array(RM, dtype)
-        b = cuda.local.array(max(RN, E), dtype)
+        b = cuda.local.array(NB, dtype)
 
         for idx in range(t, D * BQ, THREADS):
             kk, row = idx // BQ, idx % BQ
@@ -96,8 +97,8 @@ def forward_kernel(dtype, D, DV):
             for idx in range(t, D * BK, THREADS):
                 kk, j = idx // BK, idx % BK
                 kp[kk * BK + j] = k[h, j0 + j, kk] if j0 + j < Tk else 0
-            for idx in range(t, BK * E * LANES, THREADS):
-                j, col = idx // (E * LANES), idx % (E * LANES)
+            for idx in range(t, BK * DVP, THREADS):
+                j, col = idx // DVP, idx % DVP
                 vs[j, col] = v[h, j0 + j, col] if j0 + j < Tk and col < DV else 0
             cuda.syncthreads()
 

@@ -1,0 +1,115 @@
+"""The selective scan's forward at GPU speed: the kernel the chapter's op runs on CUDA tensors.
+
+scan_cuda.py teaches the plan with one thread per (batch, channel) and its N states in an array sized
+N_MAX, in float64. This file keeps the plan and puts each number where a GPU wants it:
+
+- **Compile time.** N (the states per channel) and the dtype are constants of the kernel:
+  `forward_kernel(dtype, N)` compiles one kernel per pair (functools.cache). Every loop over the states
+  has a known length, so the compiler unrolls it and the N states live in registers.
+- **A block** owns one batch row b and CHANNELS = 32 neighbouring channels, one thread each (one warp):
+  neighbouring threads read and write neighbouring addresses of x, Δ and y.
+- **Chunks over L.** The block walks the sequence STAGE positions at a time. B_t and C_t are the same
+  for every channel of the block: its threads load STAGE rows of them into shared memory together,
+  once. Each thread loads its own STAGE values of x and Δ into registers in one go, so the loads of a
+  whole chunk are in flight at once instead of one position's at a time.
+- **Registers.** The states h[n], and A[d, n] * log2(e), so that each decay exp(Δ A) is one `exp2`.
+  Everything is computed in the inputs' dtype (fp32 on the GPU benchmark).
+- **For the backward**, the state at the start of each `chunk` of positions goes to `ckpt`, as the
+  CPU kernel writes it, and the last state to `h_last`.
+
+On Numba's simulator (no GPU) the same kernel runs with each thread as a Python thread; keep b * D to a
+few dozen there.
+"""
+
+import functools
+import math
+
+from course_lib import device
+
+device.setup(verbose=False)
+
+import numba  # noqa: E402
+import torch  # noqa: E402
+from numba import cuda  # noqa: E402  (after the device is chosen)
+
+from course_lib.custom_ops.numba_cuda import kernel_view  # noqa: E402
+
+CHANNELS = 32      # channels per block, one thread each
+STAGE = 16         # positions loaded at a time
+N_MAX = 64         # the most states per channel
+LOG2E = 1.4426950408889634
+
+
+@functools.cache
+def forward_kernel(dtype, N):
+    """The forward kernel for one numba dtype and N states per channel, compiled on first use."""
+
+    @cuda.jit
+    def kernel(x, delta, A, B, C, D, y, h_last, ckpt, chunk):
+        b, t = cuda.blockIdx.y, cuda.threadIdx.x
+        d = cuda.blockIdx.x * CHANNELS + t
+        L, Dm = x.shape[1], x.shape[2]
+        live = d < Dm                                        # the last block may have idle threads
+        bs = cuda.shared.array((STAGE, N), dtype)            # B_t and C_t, shared by the block's channels
+        cs = cuda.shared.array((STAGE, N), dtype)
+        xr = cuda.local.array(STAGE, dtype)                  # this channel's x_t and Δ_t for the chunk
+        dr = cuda.local.array(STAGE, dtype)
+        h = cuda.local.array(N, dtype)                       # the state, in registers
+        a2 = cuda.local.array(N, dtype)                      # A[d, n] * log2(e)
+        for n in range(N):
+            h[n] = 0
+            a2[n] = A[d, n] * LOG2E if live else 0
+        skip = D[d] if live else dtype(0)
+        saved = 0                                            # the next position whose state goes to ckpt
+        for s0 in range(0, L, STAGE):
+            for idx in range(t, STAGE * N, CHANNELS):
+                j, n = idx // N, idx % N
+                bs[j, n] = B[b, s0 + j, n] if s0 + j < L else 0
+                cs[j, n] = C[b, s0 + j, n] if s0 + j < L else 0
+            for j in range(STAGE):
+                inside = live and s0 + j < L
+                xr[j] = x[b, s0 + j, d] if inside else dtype(0)
+                dr[j] = delta[b, s0 + j, d] if inside else dtype(0)
+            cuda.syncthreads()
+            if live:
+                for j in range(STAGE):
+                    tt = s0 + j
+                    if tt < L:
+                        if tt == saved:                      # the state before this chunk, for the backward
+                            for n in range(N):
+                                ckpt[b, tt // chunk, d, n] = h[n]
+                            saved += chunk
+                        dt, xt = dr[j], xr[j]
+                        acc = xt * skip
+                        for n in range(N):
+                            h[n] = math.exp2(dt * a2[n]) * h[n] + dt * xt * bs[j, n]
+                            acc += cs[j, n] * h[n]
+                        y[b, tt, d] = acc
+            cuda.syncthreads()                               # before the next chunk overwrites bs and cs
+        if live:
+            for n in range(N):
+                h_last[b, d, n] = h[n]
+
+    return kernel
+
+
+def scan_forward(x, delta, A, B, C, D, chunk):
+    """(y, h_last, ckpt) as scan_cpu.scan_forward writes them. Contiguous inputs of one dtype."""
+    bsz, L, Dm = x.shape
+    N = A.shape[1]
+    if N > N_MAX:
+        raise ValueError(f"the CUDA scan keeps at most N_MAX = {N_MAX} states per channel, got {N}")
+    y, h_last = x.new_empty(bsz, L, Dm), x.new_empty(bsz, Dm, N)
+    ckpt = x.new_empty(bsz, -(-L // chunk), Dm, N)
+    grid = (-(-Dm // CHANNELS), bsz)
+    if bsz * Dm == 0:
+        return y, h_last, ckpt
+    dtype = {torch.float32: numba.float32, torch.float64: numba.float64}[x.dtype]
+    kernel = forward_kernel(dtype, N)
+    views = [kernel_view(a) for a in (x, delta, A, B, C, D, y, h_last, ckpt)]
+    if x.is_cuda:
+        stream = cuda.external_stream(torch.cuda.current_stream(x.device).cuda_stream)
+        kernel[grid, CHANNELS, stream](*views, chunk)
+    else:
+        kernel[grid, CHANNELS](*views, chunk)
+    return y, h_last, ckpt
