@@ -1,10 +1,10 @@
 """Chapter 10 at GPU speed, in gpu_verify.py's one call: the attention and scan kernels, checked and timed.
 
-The kernels are fused/attention_gpu.py (the attention forward) and fused/scan_gpu.py (the scan forward),
-which the chapter's ops run on CUDA tensors; the backwards are still attention_cuda.py's and
-scan_cuda.py's. This file adds to gpu_verify's groups `attention` and `scan`:
+The kernels are fused/attention_gpu.py (the attention forward and backward) and fused/scan_gpu.py (the
+scan forward), which the chapter's ops run on CUDA tensors; the scan's backward is still scan_cuda.py's.
+This file adds to gpu_verify's groups `attention` and `scan`:
 
-- cases: the forwards at the benchmark's head size (d = 64, N = 16) against PyTorch in float64, on
+- cases: the kernels at the benchmark's head size (d = 64, N = 16) against PyTorch in float64, on
   lengths that are not multiples of a tile; and the dispatcher's report of each kernel (registers,
   local memory per thread, static shared memory per block), the profile behind a missed goal;
 - figures, each row side by side on one device with its largest error and the goal:
@@ -53,6 +53,17 @@ def _(env):
     return worst(pairs, f"B={B}, H={H}, T={T}, d={d}: attention_gpu.py, not causal")
 
 
+@case("attention", "GPU backward causal Tq<Tk")
+def _(env):
+    B, H, Tq, Tk, d = env.size((2, 3, 200, 333, 64), (1, 1, 5, 12, 4))    # the simulator: a shuffle is a barrier
+    q, k, v, do = attention_inputs(env, B, H, Tq, Tk, d, d, 66)
+    out, lse = attention_gpu.forward(q, k, v, True)
+    grads = attention_gpu.backward(q, k, v, do, lse, (do * out).sum(-1), True)
+    ref = attention_reference(q, k, v, do, True)[2:]
+    pairs = [(n, m, r, 1e-4 * max(1.0, amax(r))) for n, m, r in zip(("dq", "dk", "dv"), grads, ref)]
+    return worst(pairs, f"B={B}, H={H}, Tq={Tq}, Tk={Tk}, d={d}: attention_gpu.py's dK/dV and dQ kernels")
+
+
 @case("scan", "GPU forward")
 def _(env):
     b, L, D, N, chunk = env.size((3, 301, 77, 16, 64), (1, 21, 35, 4, 8))
@@ -71,13 +82,13 @@ def _kernels(env):
     """(name, dispatcher) of each chapter 10 kernel the figures run, each launched once so that it is compiled."""
     q, k, v, do = attention_inputs(env, 1, 1, 70, 70, 64, 64, 1)
     out, lse = attention_gpu.forward(q, k, v, True)
-    attention_cuda.backward(q, k, v, do, lse, (do * out).sum(-1), True)
+    attention_gpu.backward(q, k, v, do, lse, (do * out).sum(-1), True)
     args = scan_inputs(env, 1, 20, 40, 16, 2)
     y, h, ckpt = scan_gpu.scan_forward(*args, 8)
     scan_cuda.scan_backward(*args, ckpt, torch.ones_like(y), torch.zeros_like(h), 8)
-    _, dkdv, dq = attention_cuda.kernels(float32)
+    dkdv, dq = attention_gpu.backward_kernels(float32, 64, 64)
     return [("attention forward (attention_gpu, d=64)", attention_gpu.forward_kernel(float32, 64, 64)),
-            ("attention dK/dV (attention_cuda)", dkdv), ("attention dQ (attention_cuda)", dq),
+            ("attention dK/dV (attention_gpu)", dkdv), ("attention dQ (attention_gpu)", dq),
             ("scan forward (scan_gpu, N=16)", scan_gpu.forward_kernel(float32, 16)),
             ("scan backward (scan_cuda)", scan_cuda.scan_backward_kernel)]
 
@@ -117,9 +128,9 @@ def fig_attention_goal(env, fig):
     from course_lib.fused.attention_op import attention
 
     B, H, d = env.size((2, 8, 64), (1, 1, 8))
-    fig.notes += [f"On {env.dev} tensors; the course's forward is attention_gpu.py's kernel, its backward "
-                  f"attention_cuda.py's (through the op course::attention when torch has CUDA). SDPA picks "
-                  f"PyTorch's fastest float32 kernel. {TIMING_NOTE}"]
+    fig.notes += [f"On {env.dev} tensors; the course's kernels are attention_gpu.py's (through the op "
+                  f"course::attention when torch has CUDA). SDPA picks PyTorch's fastest float32 kernel. "
+                  f"{TIMING_NOTE}"]
 
     def course(q, k, v):
         if env.torch_cuda:

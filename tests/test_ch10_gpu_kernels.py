@@ -68,6 +68,27 @@ def test_attention_forward_float32_is_accumulated_in_float32_and_close(B, H, Tq,
     torch.testing.assert_close(lse.double(), ref_lse, rtol=2e-5, atol=2e-6)
 
 
+def sdpa64_grads(q, k, v, do, causal):
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    Tq, Tk = q.shape[2], k.shape[2]
+    mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq) if causal else None
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return torch.autograd.grad(out, (q, k, v), do.double())
+
+
+@pytest.mark.parametrize("dtype, Tq, Tk, d, dv, causal, tol", [(torch.float64, 9, 20, 4, 3, True, 1e-11),
+                                                                (torch.float32, 12, 12, 3, 5, False, 2e-5)])
+def test_attention_backward_matches_sdpa_gradients(dtype, Tq, Tk, d, dv, causal, tol):
+    """Tiny: on the simulator each of the backward's warp shuffles is a barrier of 32 Python threads."""
+    q, k, v = inputs(Tq + Tk, 1, 1, Tq, Tk, d, dv, dtype)
+    do = torch.randn(1, 1, Tq, dv, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
+    out, lse = attention_gpu.forward(q, k, v, causal)
+    grads = attention_gpu.backward(q, k, v, do, lse, (do * out).sum(-1), causal)
+    for mine, ref in zip(grads, sdpa64_grads(q, k, v, do, causal)):
+        assert mine.dtype == dtype
+        torch.testing.assert_close(mine.double(), ref, rtol=tol, atol=tol)
+
+
 def test_the_ops_cuda_forward_is_the_fast_kernel_and_the_teaching_kernel_agrees():
     q, k, v = inputs(5, 1, 1, 21, 21, 4, 4, torch.float64)
     out, lse = attention_cuda.forward(q, k, v, True)
@@ -77,8 +98,8 @@ def test_the_ops_cuda_forward_is_the_fast_kernel_and_the_teaching_kernel_agrees(
 
 
 def test_kernels_are_compiled_once_per_dtype_and_head_size_with_constant_array_sizes():
-    kernels = [attention_gpu.forward_kernel(t, d, dv) for t in (numba.float32, numba.float64)
-               for d, dv in ((64, 64), (40, 24), (5, 7))]
+    kernels = [kernel for t in (numba.float32, numba.float64) for d, dv in ((64, 64), (40, 24), (5, 7))
+               for kernel in (attention_gpu.forward_kernel(t, d, dv), *attention_gpu.backward_kernels(t, d, dv))]
     kernels += [scan_gpu.forward_kernel(t, n) for t in (numba.float32, numba.float64) for n in (16, 3)]
     assert attention_gpu.forward_kernel(numba.float32, 64, 64) is kernels[0]
     for kernel in kernels:
@@ -86,12 +107,14 @@ def test_kernels_are_compiled_once_per_dtype_and_head_size_with_constant_array_s
 
 
 def test_attention_shared_memory_fits_a_block_in_float32_and_float64():
-    """Static shared memory is 48 KiB at most: q's tile, one buffer for K's then P's tile, V's tile."""
+    """Static shared memory is 48 KiB at most. Forward: q's tile, one buffer for K's then P's tile, V's tile;
+    backward: two tiles of rows (q and dO, or k and v) and two numbers per row."""
     for dtype, size in ((numba.float32, 4), (numba.float64, 8)):
         BQ, BK = attention_gpu.tiles(dtype)
         D = attention_gpu.D_MAX
-        words = D * BQ + max(D * BK, BK * BQ) + BK * D
-        assert words * size <= 48 * 1024, (dtype, words * size)
+        forward = D * BQ + max(D * BK, BK * BQ) + BK * D
+        backward = 2 * BQ * D + 2 * BQ
+        assert max(forward, backward) * size <= 48 * 1024, (dtype, forward * size, backward * size)
 
 
 def scan_inputs(seed, b, L, D, N, dtype):

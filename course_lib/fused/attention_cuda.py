@@ -21,8 +21,8 @@ walks the key tiles (dQ sums over keys). Each output row has a single owner: no 
 The forward here is the teaching kernel, not a fast one: its row of TILE scores and its q row sit in
 arrays sized by D_MAX, whatever the head size, so a GPU keeps them in local memory. `forward` runs
 attention_gpu.py's kernel instead, the same algorithm laid out for a GPU (the head size compiled in,
-64 x 64 tiles cut into a small block of scores per thread, warp shuffles, exp2). The backward below
-is still the simple one. All run on Numba's simulator at small sizes: there, every thread is a
+64 x 64 tiles cut into a small block of scores per thread, warp shuffles, exp2); on a GPU `backward`
+runs that file's backward kernels. All run on Numba's simulator at small sizes: there, every thread is a
 Python thread (about 130 µs each). Shared and local arrays need sizes known at compile time, hence
 TILE and D_MAX, and a dtype: `kernels(dtype)` compiles the three kernels for float32 or float64.
 """
@@ -223,7 +223,16 @@ def forward_teaching(q, k, v, causal=False, scale=None):
 
 
 def backward(q, k, v, do, lse, delta, causal=False, scale=None):
-    """(dq, dk, dv) from the inputs, the forward's lse, dO and delta = rowsum(dO * O)."""
+    """(dq, dk, dv) from the inputs, the forward's lse, dO and delta = rowsum(dO * O): attention_gpu.py's
+    kernels on a GPU. On the simulator, the teaching kernels below: there each of the fast kernels' warp
+    shuffles is a barrier of Python threads, too slow for more than the tiny sizes its own tests use."""
+    if device.using_simulator():
+        return backward_teaching(q, k, v, do, lse, delta, causal, scale)
+    return attention_gpu.backward(q, k, v, do, lse, delta, causal, scale)
+
+
+def backward_teaching(q, k, v, do, lse, delta, causal=False, scale=None):
+    """(dq, dk, dv) from the teaching kernels above."""
     scale = _numba_dtype(q)(q.shape[-1] ** -0.5 if scale is None else scale)   # float32 work stays float32
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _, dkdv_kernel, dq_kernel = kernels(_numba_dtype(q))

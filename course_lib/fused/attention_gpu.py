@@ -1,4 +1,4 @@
-"""Attention's forward at GPU speed: the kernel the chapter's op runs on CUDA tensors.
+"""Attention at GPU speed: the kernels the chapter's op runs on CUDA tensors.
 
 attention_cuda.py teaches the algorithm with one thread per query row. This file runs the same
 algorithm (tiles of keys, an online softmax) laid out the way a GPU wants it. Where each number lives:
@@ -24,7 +24,10 @@ algorithm (tiles of keys, an online softmax) laid out the way a GPU wants it. Wh
   path, and tiles wholly above it are never loaded. Blocks are launched last tile first, so the
   longest ones (the bottom rows see the most keys) start first.
 
-On Numba's simulator (no GPU) the same kernel runs with each thread as a Python thread and the warp
+The backward (at the end of the file) is built the same way: head sizes compiled in, exp2, tiles of
+the other side in shared memory, and warp shuffles for its dot products.
+
+On Numba's simulator (no GPU) the same kernels run with each thread as a Python thread and the warp
 shuffles from warps.py; keep the sizes tiny there.
 """
 
@@ -196,3 +199,164 @@ def forward(q, k, v, causal=False, scale=None):
         with warps.fast_switching():
             kernel[grid, THREADS](*views, qscale, causal)
     return out, lse
+
+
+# ---- the backward ------------------------------------------------------------------------------------
+#
+# P is recomputed from the forward's lse instead of stored: p = exp2(q.k * scale * log2(e) - lse * log2(e)).
+# Two kernels, so that each gradient row has one owner and no atomics are needed: dK and dV sum over the
+# queries, dQ over the keys. Here a row of the walk is shared by 8 lanes of a warp, each holding every
+# 8th number of its row (k and v, or q and dO) in registers; a dot product is 8 lanes' partial sums
+# added by three shuffles. The other side's rows come a tile at a time through shared memory.
+
+ROWS = THREADS // LANES        # rows a block owns in the backward: 16
+
+
+@functools.cache
+def backward_kernels(dtype, D, DV):
+    """(dK/dV kernel, dQ kernel) for one numba dtype and head sizes D (q, k) and DV (v)."""
+    BT, _ = tiles(dtype)                         # rows of the other side staged at a time
+    ED, EV = -(-D // LANES), -(-DV // LANES)     # each lane's share of a row of q or k, and of v or dO
+    DP, DVP = ED * LANES, EV * LANES
+
+    @cuda.jit
+    def dkdv_kernel(q, k, v, do, lse, delta, dk, dv, kscale, scale, causal):
+        h, j0, t = cuda.blockIdx.y, cuda.blockIdx.x * ROWS, cuda.threadIdx.x
+        r, c = t // LANES, t % LANES             # key j0 + r; this lane holds columns c, c + LANES, ...
+        Tq, Tk = q.shape[1], k.shape[1]
+        j, offset = j0 + r, Tk - Tq
+        qs = cuda.shared.array((BT, DP), dtype)
+        dos = cuda.shared.array((BT, DVP), dtype)
+        lse2 = cuda.shared.array(BT, dtype)
+        dl = cuda.shared.array(BT, dtype)
+        kr = cuda.local.array(ED, dtype)         # k * scale * log2(e), this lane's share
+        dkr = cuda.local.array(ED, dtype)
+        vr = cuda.local.array(EV, dtype)
+        dvr = cuda.local.array(EV, dtype)
+        for e in range(ED):
+            col = c + LANES * e
+            kr[e] = k[h, j, col] * kscale if j < Tk and col < D else 0
+            dkr[e] = 0
+        for e in range(EV):
+            col = c + LANES * e
+            vr[e] = v[h, j, col] if j < Tk and col < DV else 0
+            dvr[e] = 0
+        first = max(0, j0 - offset) // BT * BT if causal else 0    # earlier queries see none of these keys
+        for i0 in range(first, Tq, BT):
+            for idx in range(t, BT * DP, THREADS):
+                i, col = idx // DP, idx % DP
+                qs[i, col] = q[h, i0 + i, col] if i0 + i < Tq and col < D else 0
+            for idx in range(t, BT * DVP, THREADS):
+                i, col = idx // DVP, idx % DVP
+                dos[i, col] = do[h, i0 + i, col] if i0 + i < Tq and col < DV else 0
+            for i in range(t, BT, THREADS):
+                lse2[i] = lse[h, i0 + i] * LOG2E if i0 + i < Tq else 0
+                dl[i] = delta[h, i0 + i] if i0 + i < Tq else 0
+            cuda.syncthreads()
+            for i in range(min(BT, Tq - i0)):                        # the same count for the whole block
+                s = dtype(0)
+                for e in range(ED):
+                    s += qs[i, c + LANES * e] * kr[e]
+                dp = dtype(0)
+                for e in range(EV):
+                    dp += dos[i, c + LANES * e] * vr[e]
+                for step in (1, 2, 4):                               # the 8 lanes' partial sums
+                    s += cuda.shfl_xor_sync(ALL, s, step)
+                    dp += cuda.shfl_xor_sync(ALL, dp, step)
+                seen = i0 + i < Tq and j < Tk and not (causal and j > i0 + i + offset)
+                p = math.exp2(s - lse2[i]) if seen else dtype(0)
+                ds = p * (dp - dl[i])
+                for e in range(EV):
+                    dvr[e] += p * dos[i, c + LANES * e]
+                for e in range(ED):
+                    dkr[e] += ds * qs[i, c + LANES * e]
+            cuda.syncthreads()
+        if j < Tk:
+            for e in range(ED):
+                if c + LANES * e < D:
+                    dk[h, j, c + LANES * e] = dkr[e] * scale
+            for e in range(EV):
+                if c + LANES * e < DV:
+                    dv[h, j, c + LANES * e] = dvr[e]
+
+    @cuda.jit
+    def dq_kernel(q, k, v, do, lse, delta, dq, qscale, scale, causal):
+        h, t = cuda.blockIdx.y, cuda.threadIdx.x
+        i0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * ROWS          # the longest causal blocks first
+        r, c = t // LANES, t % LANES
+        Tq, Tk = q.shape[1], k.shape[1]
+        i, offset = i0 + r, Tk - Tq
+        ks = cuda.shared.array((BT, DP), dtype)
+        vs = cuda.shared.array((BT, DVP), dtype)
+        qr = cuda.local.array(ED, dtype)         # q * scale * log2(e), this lane's share
+        dqr = cuda.local.array(ED, dtype)
+        dor = cuda.local.array(EV, dtype)
+        for e in range(ED):
+            col = c + LANES * e
+            qr[e] = q[h, i, col] * qscale if i < Tq and col < D else 0
+            dqr[e] = 0
+        for e in range(EV):
+            col = c + LANES * e
+            dor[e] = do[h, i, col] if i < Tq and col < DV else 0
+        lse2_i = lse[h, i] * LOG2E if i < Tq else dtype(0)
+        delta_i = delta[h, i] if i < Tq else dtype(0)
+        last = min(Tk, i0 + ROWS + offset) if causal else Tk
+        for j0 in range(0, last, BT):
+            for idx in range(t, BT * DP, THREADS):
+                j, col = idx // DP, idx % DP
+                ks[j, col] = k[h, j0 + j, col] if j0 + j < Tk and col < D else 0
+            for idx in range(t, BT * DVP, THREADS):
+                j, col = idx // DVP, idx % DVP
+                vs[j, col] = v[h, j0 + j, col] if j0 + j < Tk and col < DV else 0
+            cuda.syncthreads()
+            for j in range(min(BT, last - j0)):
+                s = dtype(0)
+                for e in range(ED):
+                    s += ks[j, c + LANES * e] * qr[e]
+                dp = dtype(0)
+                for e in range(EV):
+                    dp += vs[j, c + LANES * e] * dor[e]
+                for step in (1, 2, 4):
+                    s += cuda.shfl_xor_sync(ALL, s, step)
+                    dp += cuda.shfl_xor_sync(ALL, dp, step)
+                seen = i < Tq and j0 + j < Tk and not (causal and j0 + j > i + offset)
+                p = math.exp2(s - lse2_i) if seen else dtype(0)
+                ds = p * (dp - delta_i)
+                for e in range(ED):
+                    dqr[e] += ds * ks[j, c + LANES * e]
+            cuda.syncthreads()
+        if i < Tq:
+            for e in range(ED):
+                if c + LANES * e < D:
+                    dq[h, i, c + LANES * e] = dqr[e] * scale
+
+    return dkdv_kernel, dq_kernel
+
+
+def backward(q, k, v, do, lse, delta, causal=False, scale=None):
+    """(dq, dk, dv) from the inputs, the forward's lse, dO and delta = rowsum(dO * O)."""
+    d, dv_size = q.shape[-1], v.shape[-1]
+    if d > D_MAX or dv_size > D_MAX:
+        raise ValueError(f"head size up to {D_MAX}, got d = {d}, dv = {dv_size}")
+    dtype = _numba_dtype(q)
+    scale = d ** -0.5 if scale is None else scale
+    dq, dk, dv = (t.new_empty(t.shape) for t in (q, k, v))
+    BH = q.shape[0] * q.shape[1]
+    if BH == 0:
+        return dq, dk, dv
+    views = [kernel_view(a.flatten(0, 1).contiguous()) for a in (q, k, v, do, lse, delta)]
+    dkdv_kernel, dq_kernel = backward_kernels(dtype, d, dv_size)
+    launches = [(dkdv_kernel, k.shape[2], (kernel_view(dk.flatten(0, 1)), kernel_view(dv.flatten(0, 1)))),
+                (dq_kernel, q.shape[2], (kernel_view(dq.flatten(0, 1)),))]
+    for kernel, rows, outs in launches:
+        grid = (-(-rows // ROWS), BH)
+        if grid[0] == 0:
+            continue
+        args = (*views, *outs, dtype(scale * LOG2E), dtype(scale), causal)
+        if q.is_cuda:
+            stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
+            kernel[grid, THREADS, stream](*args)
+        else:
+            with warps.fast_switching():
+                kernel[grid, THREADS](*args)
+    return dq, dk, dv
