@@ -50,12 +50,12 @@ def forward_kernel(dtype, N):
         d = cuda.blockIdx.x * CHANNELS + t
         L, Dm = x.shape[1], x.shape[2]
         live = d < Dm                                        # the last block may have idle threads
-        bs = cuda.shared.array((STAGE, N), dtype)            # B_t and C_t, shared by the block's channels
-        cs = cuda.shared.array((STAGE, N), dtype)
-        xr = cuda.local.array(STAGE, dtype)                  # this channel's x_t and Δ_t for the chunk
-        dr = cuda.local.array(STAGE, dtype)
         h = cuda.local.array(N, dtype)                       # the state, in registers
         a2 = cuda.local.array(N, dtype)                      # A[d, n] * log2(e)
+        xr = cuda.local.array(STAGE, dtype)                  # this channel's x_t and Δ_t for the chunk
+        dr = cuda.local.array(STAGE, dtype)
+        bs = cuda.shared.array((STAGE, N), dtype)            # B_t and C_t, shared by the block's channels
+        cs = cuda.shared.array((STAGE, N), dtype)
         for n in range(N):
             h[n] = 0
             a2[n] = A[d, n] * LOG2E if live else 0
