@@ -10,8 +10,8 @@ N_MAX, in float64. This file keeps the plan and puts each number where a GPU wan
   neighbouring threads read and write neighbouring addresses of x, Δ and y.
 - **Chunks over L.** The block walks the sequence STAGE positions at a time. B_t and C_t are the same
   for every channel of the block: its threads load STAGE rows of them into shared memory together,
-  once. Each thread loads its own STAGE values of x and Δ into registers in one go, so the loads of a
-  whole chunk are in flight at once instead of one position's at a time.
+  once. x and Δ come into shared memory the same way (thread t loads its channel's STAGE values), so
+  the loads of a whole chunk are in flight at once instead of one position's at a time.
 - **Registers.** The states h[n], and A[d, n] * log2(e), so that each decay exp(Δ A) is one `exp2`.
   Everything is computed in the inputs' dtype (fp32 on the GPU benchmark).
 - **For the backward**, the state at the start of each `chunk` of positions goes to `ckpt`, as the
@@ -52,10 +52,10 @@ def forward_kernel(dtype, N):
         live = d < Dm                                        # the last block may have idle threads
         h = cuda.local.array(N, dtype)                       # the state, in registers
         a2 = cuda.local.array(N, dtype)                      # A[d, n] * log2(e)
-        xr = cuda.local.array(STAGE, dtype)                  # this channel's x_t and Δ_t for the chunk
-        dr = cuda.local.array(STAGE, dtype)
         bs = cuda.shared.array((STAGE, N), dtype)            # B_t and C_t, shared by the block's channels
         cs = cuda.shared.array((STAGE, N), dtype)
+        xs = cuda.shared.array((STAGE, CHANNELS), dtype)     # x_t and Δ_t of the block's channels
+        ds = cuda.shared.array((STAGE, CHANNELS), dtype)
         for n in range(N):
             h[n] = 0
             a2[n] = A[d, n] * LOG2E if live else 0
@@ -68,8 +68,8 @@ def forward_kernel(dtype, N):
                 cs[j, n] = C[b, s0 + j, n] if s0 + j < L else 0
             for j in range(STAGE):
                 inside = live and s0 + j < L
-                xr[j] = x[b, s0 + j, d] if inside else dtype(0)
-                dr[j] = delta[b, s0 + j, d] if inside else dtype(0)
+                xs[j, t] = x[b, s0 + j, d] if inside else dtype(0)
+                ds[j, t] = delta[b, s0 + j, d] if inside else dtype(0)
             cuda.syncthreads()
             if live:
                 for j in range(STAGE):
@@ -79,7 +79,7 @@ def forward_kernel(dtype, N):
                             for n in range(N):
                                 ckpt[b, tt // chunk, d, n] = h[n]
                             saved += chunk
-                        dt, xt = dr[j], xr[j]
+                        dt, xt = ds[j, t], xs[j, t]
                         acc = xt * skip
                         for n in range(N):
                             h[n] = math.exp2(dt * a2[n]) * h[n] + dt * xt * bs[j, n]
