@@ -44,9 +44,8 @@ def inputs(seed, B, H, Tq, Tk, d, dv, dtype):
 
 
 # (B, H, Tq, Tk, d, dv, causal): at most 3 blocks of 128 threads each
-FLOAT64 = [(1, 1, 37, 37, 8, 8, True), (1, 1, 20, 45, 5, 7, True), (1, 1, 33, 33, 6, 9, False),
-           (1, 1, 1, 40, 4, 3, True)]
-FLOAT32 = [(1, 1, 70, 70, 8, 8, True), (1, 1, 19, 75, 6, 10, False), (1, 1, 65, 100, 3, 4, True)]
+FLOAT64 = [(1, 1, 37, 37, 8, 8, True), (1, 1, 20, 45, 5, 7, True), (1, 1, 1, 40, 4, 3, True)]
+FLOAT32 = [(1, 1, 19, 75, 6, 10, False), (1, 1, 65, 100, 3, 4, True)]
 
 
 @pytest.mark.parametrize("B, H, Tq, Tk, d, dv, causal", FLOAT64)
