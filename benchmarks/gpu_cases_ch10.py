@@ -1,7 +1,7 @@
 """Chapter 10 at GPU speed, in gpu_verify.py's one call: the attention and scan kernels, checked and timed.
 
-The kernels are fused/attention_gpu.py (the attention forward and backward) and fused/scan_gpu.py (the
-scan forward), which the chapter's ops run on CUDA tensors; the scan's backward is still scan_cuda.py's.
+The kernels are fused/attention_gpu.py and fused/scan_gpu.py (each a forward and a backward), which the
+chapter's ops run on CUDA tensors.
 This file adds to gpu_verify's groups `attention` and `scan`:
 
 - cases: the kernels at the benchmark's head size (d = 64, N = 16) against PyTorch in float64, on
@@ -20,7 +20,18 @@ times mean nothing; the run proves the file works. On a GPU the same call gives 
 
 import torch
 import torch.nn.functional as F
-from gpu_cases import TIMING_NOTE, amax, attention_inputs, attention_reference, gap, interleaved, ms, scan_inputs, worst
+from gpu_cases import (
+    TIMING_NOTE,
+    amax,
+    attention_inputs,
+    attention_reference,
+    gap,
+    interleaved,
+    ms,
+    scan_inputs,
+    scan_reference,
+    worst,
+)
 from gpu_report import Check, Skip, case, figure
 from numba import float32
 
@@ -64,6 +75,19 @@ def _(env):
     return worst(pairs, f"B={B}, H={H}, Tq={Tq}, Tk={Tk}, d={d}: attention_gpu.py's dK/dV and dQ kernels")
 
 
+@case("scan", "GPU backward")
+def _(env):
+    b, L, D, N, chunk = env.size((3, 301, 77, 16, 64), (1, 21, 35, 4, 8))
+    args = scan_inputs(env, b, L, D, N, 32)
+    g = torch.Generator().manual_seed(33)
+    dy, dh = torch.randn(b, L, D, generator=g).to(env.dev), torch.randn(b, D, N, generator=g).to(env.dev)
+    _, _, ckpt = scan_gpu.scan_forward(*args, chunk)
+    grads = scan_gpu.scan_backward(*args, ckpt, dy, dh, chunk)
+    _, _, ref = scan_reference([a.double() for a in args], dy.double(), dh.double())
+    pairs = [(f"d{n}", m, r, 1e-4 * max(1.0, amax(r))) for n, m, r in zip(("x", "delta", "A", "B", "C", "D"), grads, ref)]
+    return worst(pairs, f"b={b}, L={L}, D={D}, N={N}, chunk {chunk}: scan_gpu.py's backward")
+
+
 @case("scan", "GPU forward")
 def _(env):
     b, L, D, N, chunk = env.size((3, 301, 77, 16, 64), (1, 21, 35, 4, 8))
@@ -85,12 +109,12 @@ def _kernels(env):
     attention_gpu.backward(q, k, v, do, lse, (do * out).sum(-1), True)
     args = scan_inputs(env, 1, 20, 40, 16, 2)
     y, h, ckpt = scan_gpu.scan_forward(*args, 8)
-    scan_cuda.scan_backward(*args, ckpt, torch.ones_like(y), torch.zeros_like(h), 8)
+    scan_gpu.scan_backward(*args, ckpt, torch.ones_like(y), torch.zeros_like(h), 8)
     dkdv, dq = attention_gpu.backward_kernels(float32, 64, 64)
     return [("attention forward (attention_gpu, d=64)", attention_gpu.forward_kernel(float32, 64, 64)),
             ("attention dK/dV (attention_gpu)", dkdv), ("attention dQ (attention_gpu)", dq),
             ("scan forward (scan_gpu, N=16)", scan_gpu.forward_kernel(float32, 16)),
-            ("scan backward (scan_cuda)", scan_cuda.scan_backward_kernel)]
+            ("scan backward (scan_gpu, N=16)", scan_gpu.backward_kernel(float32, 16))]
 
 
 def profile_lines(env):
@@ -174,7 +198,7 @@ def fig_scan_goal(env, fig):
     from course_lib.fused.scan_op import selective_scan_fused
 
     fig.notes += [f"Chapter 05's selective_scan_sequential (one step of torch ops per position) and the course's "
-                  f"kernels (forward scan_gpu.py, backward scan_cuda.py; through the op course::selective_scan "
+                  f"kernels (scan_gpu.py; through the op course::selective_scan "
                   f"when torch has CUDA), both on {env.dev} tensors. {TIMING_NOTE}"]
     chunk = env.size(64, 4)
     for b, L, D, N in env.size(((8, 2048, 1024, 16),), ((1, 12, 33, 4),)):
@@ -194,7 +218,7 @@ def fig_scan_goal(env, fig):
             def run():
                 if scan is course and not env.torch_cuda:      # no autograd op without CUDA tensors
                     y, h, ckpt = scan_gpu.scan_forward(*args, chunk)
-                    scan_cuda.scan_backward(*args, ckpt, dy, torch.zeros_like(h), chunk)
+                    scan_gpu.scan_backward(*args, ckpt, dy, torch.zeros_like(h), chunk)
                     return
                 leaves = [a.clone().requires_grad_() for a in args]
                 (scan(*leaves) * dy).sum().backward()

@@ -2,8 +2,9 @@
 
 The attention forward against SDPA in float64 on random shapes: lengths that are not multiples of the
 tiles (64 in float32, 32 in float64), fewer queries than keys, causal or not, head sizes that are not
-multiples of the 8 lanes of a row. The scan forward against chapter 05's loop in float64, and its
-checkpoints against the teaching kernel's. The warp shuffles that warps.py gives the simulator against
+multiples of the 8 lanes of a row; the backward's gradients against SDPA's. The scan forward against
+chapter 05's loop in float64, its checkpoints against the teaching kernel's, and the backward's
+gradients against the loop's under autograd. The warp shuffles that warps.py gives the simulator against
 numpy, and a lane that skips a shuffle is named. Each kernel sizes its arrays with constants and is
 compiled once per (dtype, head size) or (dtype, N). The simulator runs every thread as a Python thread:
 the sizes stay tiny (128 threads a block for attention, 32 for the scan).
@@ -99,7 +100,8 @@ def test_the_ops_cuda_forward_is_the_fast_kernel_and_the_teaching_kernel_agrees(
 def test_kernels_are_compiled_once_per_dtype_and_head_size_with_constant_array_sizes():
     kernels = [kernel for t in (numba.float32, numba.float64) for d, dv in ((64, 64), (40, 24), (5, 7))
                for kernel in (attention_gpu.forward_kernel(t, d, dv), *attention_gpu.backward_kernels(t, d, dv))]
-    kernels += [scan_gpu.forward_kernel(t, n) for t in (numba.float32, numba.float64) for n in (16, 3)]
+    kernels += [k(t, n) for t in (numba.float32, numba.float64) for n in (16, 3)
+                for k in (scan_gpu.forward_kernel, scan_gpu.backward_kernel)]
     assert attention_gpu.forward_kernel(numba.float32, 64, 64) is kernels[0]
     for kernel in kernels:
         assert _non_constant_sizes(kernel.py_func) == (), kernel.py_func.__qualname__
@@ -132,6 +134,25 @@ def test_scan_forward_matches_the_loop_and_saves_the_teaching_kernels_checkpoint
     torch.testing.assert_close(h, ref_h, rtol=1e-11, atol=1e-11)
     _, _, slow_ckpt = scan_cuda.scan_forward_teaching(*args, chunk)
     torch.testing.assert_close(ckpt, slow_ckpt, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("dtype, b, L, D, N, chunk", [(torch.float64, 2, 21, 5, 3, 8), (torch.float64, 1, 37, 35, 4, 16),
+                                                      (torch.float32, 1, 20, 33, 16, 8)])
+def test_scan_backward_matches_the_loops_gradients(dtype, b, L, D, N, chunk):
+    """Every input's gradient against chapter 05's loop under autograd (float64), with a gradient for the last
+    state too; D = 33 and 35 leave idle threads in the last group of 32 channels."""
+    args = scan_inputs(L * D + N, b, L, D, N, dtype)
+    g = torch.Generator().manual_seed(7)
+    dy, dh = torch.randn(b, L, D, generator=g).to(dtype), torch.randn(b, D, N, generator=g).to(dtype)
+    _, _, ckpt = scan_gpu.scan_forward(*args, chunk)
+    mine = scan_gpu.scan_backward(*args, ckpt, dy, dh, chunk)
+    leaves = [a.detach().double().requires_grad_() for a in args]
+    y, h = selective_scan_sequential(*leaves, return_state=True)
+    ref = torch.autograd.grad((y * dy.double()).sum() + (h * dh.double()).sum(), leaves)
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    for name, m, r in zip(("dx", "ddelta", "dA", "dB", "dC", "dD"), mine, ref):
+        assert m.dtype == dtype, name
+        torch.testing.assert_close(m.double(), r, rtol=tol, atol=tol * max(1.0, r.abs().max().item()), msg=name)
 
 
 def test_scan_forward_float32():

@@ -1,4 +1,4 @@
-"""The selective scan's forward at GPU speed: the kernel the chapter's op runs on CUDA tensors.
+"""The selective scan at GPU speed: the kernels the chapter's op runs on CUDA tensors.
 
 scan_cuda.py teaches the plan with one thread per (batch, channel) and its N states in an array sized
 N_MAX, in float64. This file keeps the plan and puts each number where a GPU wants it:
@@ -15,7 +15,8 @@ N_MAX, in float64. This file keeps the plan and puts each number where a GPU wan
 - **Registers.** The states h[n], and A[d, n] * log2(e), so that each decay exp(Δ A) is one `exp2`.
   Everything is computed in the inputs' dtype (fp32 on the GPU benchmark).
 - **For the backward**, the state at the start of each `chunk` of positions goes to `ckpt`, as the
-  CPU kernel writes it, and the last state to `h_last`.
+  CPU kernel writes it, and the last state to `h_last`. The backward (at the end of the file) uses the
+  same blocks and registers, and replays each chunk from its checkpoint.
 
 On Numba's simulator (no GPU) the same kernel runs with each thread as a Python thread; keep b * D to a
 few dozen there.
@@ -113,3 +114,114 @@ def scan_forward(x, delta, A, B, C, D, chunk):
     else:
         kernel[grid, CHANNELS](*views, chunk)
     return y, h_last, ckpt
+
+
+# ---- the backward ------------------------------------------------------------------------------------
+#
+# The same blocks walk the sequence backward, one checkpointed chunk at a time, and inside it SUB
+# positions at a time from the end: each thread replays its channel from the chunk's checkpoint (in
+# registers, nothing stored) up to the sub-chunk, then replays the sub-chunk storing its states in
+# shared memory, then walks it backward with the CPU kernel's formulas. dB and dC sum over channels:
+# the block adds its 32 channels' shares in shared memory and writes one partial sum per group of
+# channels (dB_part, dC_part), which torch adds up: no atomics, the same result on every run.
+
+
+@functools.cache
+def backward_kernel(dtype, N):
+    """The backward kernel for one numba dtype and N states per channel, compiled on first use."""
+    HS = max(2, 1024 // (N * (4 if dtype == numba.float32 else 8)))    # states kept: 32 KiB of shared memory
+    SUB = HS - 1                                                        # positions walked back at a time
+    R = 2 * N                                                           # rows of the channel sums: dB, dC
+
+    @cuda.jit
+    def kernel(x, delta, A, B, C, D, ckpt, dy, dh_last, chunk,
+               dx, ddelta, dA_part, dB_part, dC_part, dD_part):
+        b, t, g = cuda.blockIdx.y, cuda.threadIdx.x, cuda.blockIdx.x
+        d = g * CHANNELS + t
+        L, Dm = x.shape[1], x.shape[2]
+        live = d < Dm
+        gh = cuda.local.array(N, dtype)                      # dLoss / dh, carried backward
+        dA = cuda.local.array(N, dtype)
+        a2 = cuda.local.array(N, dtype)
+        h = cuda.local.array(N, dtype)
+        hs = cuda.shared.array((HS, N, CHANNELS), dtype)     # the sub-chunk's states, for every channel
+        sums = cuda.shared.array((R, CHANNELS), dtype)       # each channel's share of dB and dC at one t
+        for n in range(N):
+            gh[n] = dh_last[b, d, n] if live else 0
+            dA[n] = 0
+            a2[n] = A[d, n] * LOG2E if live else 0
+        skip = D[d] if live else dtype(0)
+        dD = dtype(0)
+        for c in range((L - 1) // chunk, -1, -1):
+            t0, t1 = c * chunk, min(c * chunk + chunk, L)
+            for u0 in range(t0 + (t1 - t0 - 1) // SUB * SUB, t0 - 1, -SUB):
+                u1 = min(u0 + SUB, t1)
+                for n in range(N):
+                    h[n] = ckpt[b, c, d, n] if live else 0
+                for tt in range(t0, u1):                     # replay from the checkpoint
+                    if tt >= u0:
+                        for n in range(N):
+                            hs[tt - u0, n, t] = h[n]
+                    dt = delta[b, tt, d] if live else dtype(0)
+                    dtx = dt * x[b, tt, d] if live else dtype(0)
+                    for n in range(N):
+                        h[n] = math.exp2(dt * a2[n]) * h[n] + dtx * B[b, tt, n]
+                for n in range(N):
+                    hs[u1 - u0, n, t] = h[n]
+                for tt in range(u1 - 1, u0 - 1, -1):         # and walk it backward
+                    j = tt - u0
+                    dt = delta[b, tt, d] if live else dtype(0)
+                    xt = x[b, tt, d] if live else dtype(0)
+                    gy = dy[b, tt, d] if live else dtype(0)
+                    s_x, s_dt = dtype(0), dtype(0)
+                    for n in range(N):
+                        a = math.exp2(dt * a2[n])
+                        gt = gh[n] + C[b, tt, n] * gy
+                        ga = gt * hs[j, n, t] * a
+                        s_x += gt * B[b, tt, n]
+                        s_dt += ga * a2[n]
+                        dA[n] += ga * dt
+                        sums[n, t] = gt * dt * xt
+                        sums[N + n, t] = gy * hs[j + 1, n, t]
+                        gh[n] = gt * a
+                    if live:
+                        dx[b, tt, d] = s_x * dt + skip * gy
+                        ddelta[b, tt, d] = s_dt / LOG2E + s_x * xt
+                    dD += gy * xt
+                    cuda.syncthreads()
+                    for row in range(t, R, CHANNELS):            # add the block's channels up
+                        total = dtype(0)
+                        for ch in range(CHANNELS):
+                            total += sums[row, ch]
+                        if row < N:
+                            dB_part[g, b, tt, row] = total
+                        else:
+                            dC_part[g, b, tt, row - N] = total
+                    cuda.syncthreads()
+        if live:
+            for n in range(N):
+                dA_part[b, d, n] = dA[n]
+            dD_part[b, d] = dD
+
+    return kernel
+
+
+def scan_backward(x, delta, A, B, C, D, ckpt, dy, dh_last, chunk):
+    """(dx, ddelta, dA, dB, dC, dD): the gradients of every input, from scan_forward's checkpoints."""
+    bsz, L, Dm = x.shape
+    N = A.shape[1]
+    groups = -(-Dm // CHANNELS)
+    dx, ddelta = x.new_zeros(bsz, L, Dm), x.new_zeros(bsz, L, Dm)
+    dA_part, dD_part = x.new_zeros(bsz, Dm, N), x.new_zeros(bsz, Dm)
+    dB_part, dC_part = x.new_zeros(groups, bsz, L, N), x.new_zeros(groups, bsz, L, N)
+    if bsz * Dm * L:
+        dtype = {torch.float32: numba.float32, torch.float64: numba.float64}[x.dtype]
+        kernel = backward_kernel(dtype, N)
+        args = [kernel_view(a) for a in (x, delta, A, B, C, D, ckpt, dy, dh_last)] + [chunk]
+        args += [kernel_view(a) for a in (dx, ddelta, dA_part, dB_part, dC_part, dD_part)]
+        if x.is_cuda:
+            stream = cuda.external_stream(torch.cuda.current_stream(x.device).cuda_stream)
+            kernel[(groups, bsz), CHANNELS, stream](*args)
+        else:
+            kernel[(groups, bsz), CHANNELS](*args)
+    return dx, ddelta, dA_part.sum(0), dB_part.sum(0), dC_part.sum(0), dD_part.sum(0)
