@@ -45,7 +45,7 @@ def inputs(seed, B, H, Tq, Tk, d, dv, dtype):
 
 
 # (B, H, Tq, Tk, d, dv, causal): at most 3 blocks of 128 threads each
-FLOAT64 = [(1, 1, 37, 37, 8, 8, True), (1, 1, 20, 45, 5, 7, True), (1, 1, 1, 40, 4, 3, True)]
+FLOAT64 = [(1, 1, 37, 37, 8, 8, True), (2, 1, 20, 45, 5, 7, True), (1, 2, 1, 40, 4, 3, True)]
 FLOAT32 = [(1, 1, 19, 75, 6, 10, False), (1, 1, 65, 100, 3, 4, True)]
 
 
@@ -80,8 +80,9 @@ def sdpa64_grads(q, k, v, do, causal):
                                                                 (torch.float32, 12, 12, 3, 5, False, 2e-5)])
 def test_attention_backward_matches_sdpa_gradients(dtype, Tq, Tk, d, dv, causal, tol):
     """Tiny: on the simulator each of the backward's warp shuffles is a barrier of 32 Python threads."""
-    q, k, v = inputs(Tq + Tk, 1, 1, Tq, Tk, d, dv, dtype)
-    do = torch.randn(1, 1, Tq, dv, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
+    H = 2 if dtype == torch.float64 else 1                                 # two heads: two rows of blocks
+    q, k, v = inputs(Tq + Tk, 1, H, Tq, Tk, d, dv, dtype)
+    do = torch.randn(1, H, Tq, dv, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
     out, lse = attention_gpu.forward(q, k, v, causal)
     grads = attention_gpu.backward(q, k, v, do, lse, (do * out).sum(-1), causal)
     for mine, ref in zip(grads, sdpa64_grads(q, k, v, do, causal)):
