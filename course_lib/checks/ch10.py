@@ -581,11 +581,50 @@ def _run_cuda(kernel, tile, q, k, v, scale, causal):
     return out, lse
 
 
+STAGING_SLACK = 1.5      # reads of k and v per key and block may exceed one row each by half (edge tiles, say)
+
+
+def _staging(your_kernel, t):
+    """The tracer's run of your kernel (course_lib/cuda/trace.py, chapter 07) on one head, 2 blocks of t
+    queries and t + 3 keys, not causal, so every block needs every key: CheckFailed on a race, or when the
+    block reads k and v from global memory more than about once per key."""
+    from course_lib.cuda.trace import KernelTraceError, trace
+
+    Tq, Tk, d, dv = 2 * t, t + 3, 4, 3
+    q, k, v = _attention_inputs(1, Tq, Tk, d, dv)
+    try:
+        tr = trace(your_kernel, (1, 2), t, q=q, k=k, v=v, out=_nan((1, Tq, dv)), lse=_nan((1, Tq)), scale=0.5,
+                   causal=False)
+    except KernelTraceError as e:
+        raise CheckFailed(f"the tracer stopped your kernel: {e}") from None
+    races = tr.races()
+    if races:
+        raise CheckFailed(f"out is right, but the tracer found a race at {len(races)} address(es); the first: "
+                          f"{tr.describe_race(races[0])}.\n  hint: {RACE_HINT}")
+    reads = {name: tr.accesses(array=name, kind="read") for name in ("k", "v")}
+    per_key = (len(reads["k"]) + len(reads["v"])) / (2 * Tk)          # 2 blocks, each needs all Tk keys
+    if per_key > STAGING_SLACK * (d + dv):
+        counts = {}
+        for e in reads["k"] + reads["v"]:
+            counts[e.array, e.line] = counts.get((e.array, e.line), 0) + 1
+        (array, line), n = max(counts.items(), key=lambda kv: kv[1])
+        raise CheckFailed(
+            f"out and lse are right, but your kernel reads {per_key:.1f} numbers of k and v from global memory per "
+            f"key and block (one head, Tq = {Tq}, Tk = {Tk}, d = {d}, dv = {dv}, TILE = {t}, not causal), where a "
+            f"block that brings each key's rows in once reads {d + dv} (its {d} numbers of k and {dv} of v); "
+            f"{n} of the reads are by line {line} (`{tr.source_line(line)}`), on {array}.\n  hint: the TILE "
+            f"queries of a block share every key; lesson 10, section 10 (staging tiles on a GPU) shows how a "
+            f"block brings a tile into shared memory once and lets every thread read it from there.")
+    return per_key / (d + dv)
+
+
 @exercise
 def flash_forward_cuda(your_kernel, your_tile):
     """The forward as a CUDA kernel, one block of TILE threads per (head, query tile), against SDPA in
     float64; the query and key counts are not multiples of the tile, so the last block has idle threads;
-    the first case runs twice, so a race that changes the answer is caught."""
+    the first case runs twice, so a race that changes the answer is caught. Then the property: under
+    the tracer, each block reads each key's rows of k and v from global memory about once (staged in
+    shared memory for all its queries), and no two threads race."""
     require(isinstance(your_tile, int) and 4 <= your_tile <= 32, f"TILE should be an int from 4 to 32, got {your_tile!r}")
     t = your_tile
     cases = [(2, t + 5, 2 * t + 5, 8, 5, True), (1, t + 3, t + 3, 6, 8, True), (2, 5, t + 5, 3, 7, False)]
@@ -619,7 +658,9 @@ def flash_forward_cuda(your_kernel, your_tile):
     q, k, v = (a.astype(np.float32) for a in _attention_inputs(1, t + 3, t + 3, 4, 4))
     out32, _ = _run_cuda(your_kernel, t, q, k, v, np.float32(0.5), True)
     assert_close(out32, _sdpa_float64(q, k, v, True, 0.5)[0], what="out for float32 inputs", rtol=1e-5, atol=1e-6)
-    return f"{len(cases)} shapes with idle threads in the last block, float32, and a rerun for races"
+    staged = _staging(your_kernel, t)
+    return (f"{len(cases)} shapes with idle threads in the last block, float32, a rerun for races; the tracer: "
+            f"{staged:.2f} reads of each key's k and v rows per block, no race")
 
 
 # ---- 6. the custom op ----------------------------------------------------------------------------

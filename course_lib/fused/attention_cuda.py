@@ -18,11 +18,13 @@ back from memory would cost more than recomputing it). `dkdv_kernel` gives each 
 and walks the query tiles (dK, dV sum over queries); `dq_kernel` gives each thread a query row and
 walks the key tiles (dQ sums over keys). Each output row has a single owner: no atomics.
 
-A teaching kernel, not a fast one: production kernels give a tile to a warp and run the two
-matmuls on tensor cores. It shows where each number lives (global, shared, registers) and runs on
-Numba's simulator at small sizes: there, every thread is a Python thread (about 130 µs each).
-Shared and local arrays need sizes known at compile time, hence TILE and D_MAX, and a dtype:
-`kernels(dtype)` compiles the three kernels for float32 or float64.
+The forward here is the teaching kernel, not a fast one: its row of TILE scores and its q row sit in
+arrays sized by D_MAX, whatever the head size, so a GPU keeps them in local memory. `forward` runs
+attention_gpu.py's kernel instead, the same algorithm laid out for a GPU (the head size compiled in,
+64 x 64 tiles cut into a small block of scores per thread, warp shuffles, exp2); on a GPU `backward`
+runs that file's backward kernels. All run on Numba's simulator at small sizes: there, every thread is a
+Python thread (about 130 µs each). Shared and local arrays need sizes known at compile time, hence
+TILE and D_MAX, and a dtype: `kernels(dtype)` compiles the three kernels for float32 or float64.
 """
 
 import functools
@@ -37,6 +39,7 @@ import torch  # noqa: E402
 from numba import cuda  # noqa: E402  (after the device is chosen)
 
 from course_lib.custom_ops.numba_cuda import kernel_view  # noqa: E402
+from course_lib.fused import attention_gpu  # noqa: E402
 
 TILE = 16    # rows per block, one thread each
 D_MAX = 64   # the largest head size: each thread keeps rows of up to D_MAX numbers in registers
@@ -204,7 +207,12 @@ def _numba_dtype(t):
 
 
 def forward(q, k, v, causal=False, scale=None):
-    """(out, lse) for tensors q (B, H, Tq, d), k (B, H, Tk, d), v (B, H, Tk, dv)."""
+    """(out, lse) for tensors q (B, H, Tq, d), k (B, H, Tk, d), v (B, H, Tk, dv): attention_gpu.py's kernel."""
+    return attention_gpu.forward(q, k, v, causal, scale)
+
+
+def forward_teaching(q, k, v, causal=False, scale=None):
+    """(out, lse) from the teaching kernel above (one thread per query row)."""
     assert not causal or q.shape[2] <= k.shape[2], "causal attention needs Tq <= Tk (each query sees key 0)"
     scale = _numba_dtype(q)(q.shape[-1] ** -0.5 if scale is None else scale)   # float32 work stays float32
     out = q.new_empty(*q.shape[:3], v.shape[-1])
@@ -215,7 +223,16 @@ def forward(q, k, v, causal=False, scale=None):
 
 
 def backward(q, k, v, do, lse, delta, causal=False, scale=None):
-    """(dq, dk, dv) from the inputs, the forward's lse, dO and delta = rowsum(dO * O)."""
+    """(dq, dk, dv) from the inputs, the forward's lse, dO and delta = rowsum(dO * O): attention_gpu.py's
+    kernels on a GPU. On the simulator, the teaching kernels below: there each of the fast kernels' warp
+    shuffles is a barrier of Python threads, too slow for more than the tiny sizes its own tests use."""
+    if device.using_simulator():
+        return backward_teaching(q, k, v, do, lse, delta, causal, scale)
+    return attention_gpu.backward(q, k, v, do, lse, delta, causal, scale)
+
+
+def backward_teaching(q, k, v, do, lse, delta, causal=False, scale=None):
+    """(dq, dk, dv) from the teaching kernels above."""
     scale = _numba_dtype(q)(q.shape[-1] ** -0.5 if scale is None else scale)   # float32 work stays float32
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _, dkdv_kernel, dq_kernel = kernels(_numba_dtype(q))

@@ -12,6 +12,9 @@ the course's answer to exercise 10.2 (`fused_scan`) on a GPU: read it once your 
 
 The state is kept in float64 whatever the inputs' type (`cuda.local.array` needs its type when the
 kernel compiles), and `math.exp` is fine here: the GPU has its own fast exponential.
+The forward above is the teaching kernel: its states sit in an array sized N_MAX in float64, which a GPU
+keeps in local memory. `scan_forward` and `scan_backward` run scan_gpu.py's kernels instead (N compiled in, the
+states in registers, fp32 with exp2, B and C staged in shared memory once per block, no atomics).
 Without a GPU the kernels run on Numba's simulator on the `.numpy()` views of CPU tensors, slowly
 (about 130 µs per thread): keep b * D to a few hundred there. See chapter 08 for the launch details.
 """
@@ -26,6 +29,7 @@ import torch  # noqa: E402
 from numba import cuda, float64  # noqa: E402  (after the device is chosen)
 
 from course_lib.custom_ops.numba_cuda import kernel_view  # noqa: E402
+from course_lib.fused import scan_gpu  # noqa: E402
 
 N_MAX = 64        # the most states per channel (the local arrays' size)
 THREADS = 64      # threads per block
@@ -124,7 +128,12 @@ def _check(x, A):
 
 
 def scan_forward(x, delta, A, B, C, D, chunk):
-    """(y, h_last, ckpt) as scan_cpu.scan_forward writes them. Contiguous inputs of one dtype."""
+    """(y, h_last, ckpt) as scan_cpu.scan_forward writes them, from scan_gpu.py's kernel."""
+    return scan_gpu.scan_forward(x, delta, A, B, C, D, chunk)
+
+
+def scan_forward_teaching(x, delta, A, B, C, D, chunk):
+    """(y, h_last, ckpt) from the teaching kernel above (one thread per channel, float64 states)."""
     bsz, L, Dm = x.shape
     N = A.shape[1]
     y, h_last = x.new_empty(bsz, L, Dm), x.new_empty(bsz, Dm, N)
@@ -134,7 +143,12 @@ def scan_forward(x, delta, A, B, C, D, chunk):
 
 
 def scan_backward(x, delta, A, B, C, D, ckpt, dy, dh_last, chunk):
-    """(dx, ddelta, dA, dB, dC, dD): the gradients of every input."""
+    """(dx, ddelta, dA, dB, dC, dD): the gradients of every input, from scan_gpu.py's kernel."""
+    return scan_gpu.scan_backward(x, delta, A, B, C, D, ckpt, dy, dh_last, chunk)
+
+
+def scan_backward_teaching(x, delta, A, B, C, D, ckpt, dy, dh_last, chunk):
+    """(dx, ddelta, dA, dB, dC, dD) from the teaching kernel above."""
     bsz, L, Dm = x.shape
     N = A.shape[1]
     hs, a_s = x.new_empty(bsz, Dm, chunk + 1, N), x.new_empty(bsz, Dm, chunk, N)
