@@ -3,10 +3,10 @@
 import math
 
 import pytest
-from checking import expect_failure
+from checking import expect_failure, expect_pass
 
-from course_lib.autograd import Value
-from course_lib.autograd.nn import svm_loss
+from course_lib.autograd.losses import svm_loss
+from course_lib.autograd.value import Value
 from course_lib.checks import ch01 as check
 
 # ---- reference answers -------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_exp_rejects(fwd, bwd, match):
 def test_rules_go_through_chapter_00s_gradient_check():
     """A rule that matches PyTorch only because the forward is wrong in the same way would still be
     caught; here the oracle itself: the course's gradient check flags a wrong rule on its own."""
-    expr = check._binary(mul)
+    expr = check._binary(check._adopt(mul))
     good = check._gradient_check(expr, "*", [0.3, -0.7, 1.1], mul_backward)
     bad = check._gradient_check(expr, "*", [0.3, -0.7, 1.1], mul_own)
     assert good < 1e-6 < 1e-2 < bad
@@ -322,8 +322,8 @@ def backward_reset_leaves_only(root):
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (backward_no_reset, "set every grad of the graph to 0"),
-    (backward_forward_order, "REVERSED"),
+    (backward_no_reset, "must start from nothing"),
+    (backward_forward_order, "after the rules of every node"),
     (backward_reset_leaves_only, "differs"),
 ])
 def test_backward_rejects(wrong, match):
@@ -390,9 +390,22 @@ def step_no_update(model, X, y, lr):
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (step_no_zero_grad, "zero_grad"),
+    (step_no_zero_grad, "grads of the one before"),
     (step_wrong_sign, "differs"),
     (step_no_update, "did not change"),
 ])
 def test_sgd_step_rejects(wrong, match):
     expect_failure(check.sgd_step, wrong, match=match)
+
+
+def neuron_from_a_fresh_node(neuron, x):
+    """Correct, written another way: the sum starts from a new node of the exercise's Value, the bias last."""
+    act = Value(0.0)
+    for wi, xi in zip(neuron.w, x):
+        act = act + wi * xi
+    act = act + neuron.b
+    return act.relu() if neuron.nonlin else act
+
+
+def test_neuron_call_accepts_a_sum_that_starts_from_a_fresh_node():
+    expect_pass(check.neuron_call, neuron_from_a_fresh_node)

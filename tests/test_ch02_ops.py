@@ -269,7 +269,7 @@ def test_transpose_and_T(backend, shape, seed):
 @given(pair=broadcast_pair(), seed=st.integers(0, 2**16))
 def test_expand(backend, pair, seed):
     small, big = sorted(pair, key=len)
-    from course_lib.tensor.tensor_data import shape_broadcast
+    from course_lib.tensor.broadcast import shape_broadcast
     target = shape_broadcast(small, big)
     compare(lambda a: a.expand(*target), lambda a: a.expand(*target), [arrays(small, seed)], seed)
 

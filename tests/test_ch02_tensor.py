@@ -7,15 +7,8 @@ import torch
 
 import course_lib.tensor as ct
 from course_lib.tensor import nn, optim
-from course_lib.tensor.tensor_data import (
-    ShapeError,
-    TensorData,
-    broadcast_index,
-    index_to_position,
-    shape_broadcast,
-    slice_view,
-    to_index,
-)
+from course_lib.tensor.broadcast import broadcast_index, shape_broadcast
+from course_lib.tensor.tensor_data import ShapeError, TensorData, index_to_position, slice_view, to_index
 
 # ------------------------------------------------------------------ storage and strides
 

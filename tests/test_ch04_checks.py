@@ -137,7 +137,7 @@ def spaced_decode(text):
     return enc, (lambda ids: " ".join(dec([i]) for i in ids))
 
 
-@pytest.mark.parametrize("wrong, hint", [(first_seen_order, "sorted order"), (from_one, "start at 1"),
+@pytest.mark.parametrize("wrong, hint", [(first_seen_order, "sorted characters"), (from_one, "start at 1"),
                                          (spaced_decode, "decode(")])
 def test_char_tokenizer_rejects(wrong, hint):
     expect_failure(check.char_tokenizer, wrong, match=hint)
@@ -207,8 +207,8 @@ def straight_merge(y):
     return y.reshape(B, T, H * d)
 
 
-@pytest.mark.parametrize("split, merge_, hint", [(straight_split, merge_heads, "view as (B, T, H, d)"),
-                                                 (split_heads, straight_merge, "transpose(1, 2) back")])
+@pytest.mark.parametrize("split, merge_, hint", [(straight_split, merge_heads, "mixes positions into heads"),
+                                                 (split_heads, straight_merge, "mixes positions into channels")])
 def test_split_merge_heads_rejects(split, merge_, hint):
     expect_failure(check.split_merge_heads, split, merge_, match=hint)
 

@@ -143,7 +143,7 @@ position_unsigned = edited(position, "position_unsigned", ("    ordinal = np.int
 
 
 @pytest.mark.parametrize("wrong, hint", [(position_contiguous, "ignored the strides"),
-                                         (position_unsigned, "np.int64(ordinal)"),
+                                         (position_unsigned, "signed ordinal"),
                                          (position_no_offset, "offset"),
                                          (position_first_dim_fastest, "differs")])
 def test_position_rejects(wrong, hint):
@@ -225,10 +225,19 @@ sum_kernel_serial = edited(sum_kernel, "sum_kernel_serial", ("@njit(parallel=Tru
                            ("prange(out.size)", "range(out.size)"))
 
 
+def sum_dim_numpy_after_the_kernel(a, shape, strides, dim):
+    """Runs the (idle) kernel, then returns numpy's sums: the kernel ran, but the sums are not its."""
+    out_shape = shape.copy()
+    out_shape[dim] = 1
+    sum_kernel_idle(np.zeros(int(np.prod(out_shape))), out_shape, a, strides, dim, shape[dim])
+    return sum_dim_numpy(a, shape, strides, dim)
+
+
 @pytest.mark.parametrize("wrong, kernel, hint", [
     (sum_dim_drops_dim, sum_kernel, "keepdim"),
     (sum_dim_contiguous, sum_kernel, "ignored the strides"),
-    (sum_dim_numpy, sum_kernel_idle, "compute the sums itself"),
+    (sum_dim_numpy_after_the_kernel, sum_kernel_idle, "compute the sums itself"),
+    (sum_dim_numpy, sum_kernel, "without calling your sum_kernel"),   # the right sums, the kernel never run
     (sum_dim_numpy, sum_kernel_serial, "parallel=True"),
     (sum_dim_numpy, sum_kernel.py_func, "plain Python function"),
 ])
@@ -518,3 +527,247 @@ def test_an_edit_the_reference_no_longer_matches_fails_loudly():
     """A wrong implementation written as an edit stops the tests when the reference changes under it."""
     with pytest.raises(AssertionError, match="the reference changed"):
         edited(softplus, "softplus_gone", ("np.log1p(np.exp(x[i]))", "0.0"))
+
+
+# ---- every exercise: a wrong kernel with the right numbers is rejected for the property it breaks, and
+# ---- a right kernel written another way is accepted --------------------------------------------------
+
+def softplus_in_python(x, out):
+    """The right numbers, but Python's loop: not the compiled kernel the exercise asks for."""
+    for i in range(x.size):
+        out[i] = max(x[i], 0.0) + np.log1p(np.exp(-abs(x[i])))
+    return out
+
+
+@njit(parallel=True, cache=True)
+def map_serial_range(fn, out, out_shape, out_strides, a, a_strides):
+    """parallel=True, but a plain range: the right numbers on one core."""
+    size = 1
+    for n in out_shape:
+        size *= n
+    for i in range(size):
+        out[position(i, out_shape, out_strides, 0)] = fn(a[position(i, out_shape, a_strides, 0)])
+
+
+zip_serial_range = edited(strided_zip, "zip_serial_range", ("prange(size)", "range(size)"))
+sum_kernel_serial_range = edited(sum_kernel, "sum_kernel_serial_range", ("prange(out.size)", "range(out.size)"))
+sum_dim_serial_range = edited(sum_dim, "sum_dim_serial_range", ("sum_kernel(", "sum_kernel_serial_range("),
+                              env={"sum_kernel_serial_range": sum_kernel_serial_range})
+matmul_serial_range = edited(matmul, "matmul_serial_range", ("prange(n)", "range(n)"))
+
+
+@njit(parallel=True, cache=True)
+def flat_map_parallel(fn, out, a):
+    """The right numbers, on every core: the backend already spreads calls over the threads."""
+    for i in prange(out.size):
+        out[i] = fn(a[i])
+
+
+@njit(cache=True)
+def copy_position_per_element(out, out_shape, out_strides, a, a_strides):
+    """The right copy, with two positions computed for every element, as strided_map does."""
+    size = 1
+    for s in out_shape:
+        size *= s
+    for i in range(size):
+        out[position(i, out_shape, out_strides, 0)] = a[position(i, out_shape, a_strides, 0)]
+
+
+def sum_columns_numpy(out, a, n, m):
+    """The right sums, from numpy in Python: no kernel."""
+    out[:] = a.reshape(-1, n, m).sum(axis=1).reshape(-1)
+
+
+@pytest.mark.parametrize("check_name, args, hint", [
+    ("softplus", (softplus_in_python,), "plain Python function"),
+    ("position", (position_unsigned,), "signed ordinal"),
+    ("strided_map", (map_serial_range,), "none of its loops runs in parallel"),
+    ("strided_zip", (zip_serial_range,), "none of its loops runs in parallel"),
+    ("sum_dim", (sum_dim_numpy, sum_kernel), "without calling your sum_kernel"),
+    ("sum_dim", (sum_dim_serial_range, sum_kernel_serial_range), "none of its loops runs in parallel"),
+    ("matmul", (matmul_serial_range,), "none of its loops runs in parallel"),
+    ("flat_kernels", (flat_map_parallel, flat_zip), "parallel=True"),
+    ("row_layout", (lambda s, o: row_layout(s, o, mistake="full only"),), "reads flat"),
+    ("strided_copy", (copy_position_per_element,), "position for every element"),
+    ("sum_columns", (sum_columns_numpy,), "plain Python function"),
+    ("blas_matmul", (matmul_copying,), "cop"),
+])
+def test_right_numbers_that_break_the_property_are_rejected(check_name, args, hint):
+    expect_failure(getattr(check, check_name), *args, match=hint)
+
+
+@njit(cache=True)
+def softplus_by_branches(x, out):
+    for i in range(x.size):
+        v = x[i]
+        out[i] = v + np.log1p(np.exp(-v)) if v > 0 else np.log1p(np.exp(v))
+    return out
+
+
+@njit(cache=True)
+def position_front_to_back(ordinal, shape, strides, offset):
+    """Each dim's index from the number of elements one of its steps skips, first dim first."""
+    rest = np.int64(ordinal)
+    found = offset
+    for d in range(len(shape)):
+        step = 1
+        for e in range(d + 1, len(shape)):
+            step *= shape[e]
+        if step:
+            found += (rest // step) * strides[d]
+            rest %= step
+    return found
+
+
+@njit(parallel=True, cache=True)
+def map_by_rows(fn, out, out_shape, out_strides, a, a_strides):
+    """prange over rows, the elements of a row by their last stride."""
+    n = out_shape[len(out_shape) - 1]
+    size = 1
+    for s in out_shape:
+        size *= s
+    rows = size // n if n else 0
+    for r in prange(rows):
+        po = position_front_to_back(r * n, out_shape, out_strides, 0)
+        pa = position_front_to_back(r * n, out_shape, a_strides, 0)
+        for j in range(n):
+            out[po + j * out_strides[len(out_shape) - 1]] = fn(a[pa + j * a_strides[len(out_shape) - 1]])
+
+
+@njit(cache=True)
+def stretched(out_shape, shape, strides):
+    """The operand's strides on the output's dims: 0 where it is broadcast."""
+    full = np.zeros(len(out_shape), dtype=np.int64)
+    extra = len(out_shape) - len(shape)
+    for d in range(len(shape)):
+        if shape[d] != 1:
+            full[extra + d] = strides[d]
+    return full
+
+
+@njit(parallel=True, cache=True)
+def zip_by_stretched_strides(fn, out, out_shape, out_strides, a, a_shape, a_strides, b, b_shape, b_strides):
+    sa, sb = stretched(out_shape, a_shape, a_strides), stretched(out_shape, b_shape, b_strides)
+    size = 1
+    for s in out_shape:
+        size *= s
+    for i in prange(size):
+        out[position(i, out_shape, out_strides, 0)] = fn(a[position(i, out_shape, sa, 0)],
+                                                         b[position(i, out_shape, sb, 0)])
+
+
+@njit(parallel=True, cache=True)
+def sum_kernel_backwards(out, out_shape, a, a_strides, dim, n):
+    for i in prange(out.size):
+        start = position_front_to_back(i, out_shape, a_strides, 0)
+        total = 0.0
+        k = n - 1
+        while k >= 0:
+            total += a[start + k * a_strides[dim]]
+            k -= 1
+        out[i] = total
+
+
+def sum_dim_with_zeros(a, shape, strides, dim):
+    kept = np.array([1 if d == dim else shape[d] for d in range(len(shape))], dtype=np.int64)
+    out = np.zeros(int(np.prod(kept)))
+    sum_kernel_backwards(out, kept, a, strides, dim, shape[dim])
+    return out.reshape(tuple(kept))
+
+
+@njit(parallel=True, cache=True)
+def matmul_ijk(out, a, b):
+    """i-j-k with a local accumulator: slower than i-k-j, and right."""
+    for i in prange(a.shape[0]):
+        for j in range(b.shape[1]):
+            acc = 0.0
+            for kk in range(a.shape[1]):
+                acc += a[i, kk] * b[kk, j]
+            out[i, j] = acc
+
+
+@njit(cache=True)
+def flat_map_while(fn, out, a):
+    i = 0
+    while i < out.size:
+        out[i] = fn(a[i])
+        i += 1
+
+
+@njit(cache=True)
+def flat_zip_by_index(fn, out, cols, a, a_row, a_spread, b, b_row, b_spread):
+    for i in range(out.size):
+        r, j = i // cols, i % cols
+        out[i] = fn(a[r * a_row + (j if a_spread else 0)], b[r * b_row + (j if b_spread else 0)])
+
+
+def row_layout_by_search(shape, out_shape):
+    """Tries the four layouts in the order of preference and keeps the first that reads what broadcasting reads."""
+    cols = out_shape[-1] if len(out_shape) else 1
+    rows = int(np.prod(out_shape)) // cols if cols else 0
+    wanted = np.broadcast_to(np.arange(int(np.prod(shape))).reshape(shape), out_shape).reshape(-1)
+    for step, spread in ((cols, True), (0, False), (0, True), (1, False)):
+        reads = [r * step + (j if spread else 0) for r in range(rows) for j in range(cols)]
+        if np.array_equal(np.array(reads, dtype=np.int64).reshape(-1), wanted):
+            return step, spread
+    return None
+
+
+@njit(cache=True)
+def copy_without_position(out, out_shape, out_strides, a, a_strides):
+    """Row starts found by counting the index up like an odometer, no position() at all."""
+    nd = len(out_shape)
+    n = out_shape[nd - 1]
+    size = 1
+    for s in out_shape:
+        size *= s
+    index = np.zeros(nd, dtype=np.int64)
+    for r in range(size // n if n else 0):
+        po, pa = 0, 0
+        for d in range(nd - 1):
+            po += index[d] * out_strides[d]
+            pa += index[d] * a_strides[d]
+        for j in range(n):
+            out[po + j * out_strides[nd - 1]] = a[pa + j * a_strides[nd - 1]]
+        d = nd - 2
+        while d >= 0:
+            index[d] += 1
+            if index[d] < out_shape[d]:
+                break
+            index[d] = 0
+            d -= 1
+
+
+@njit(cache=True)
+def sum_columns_by_index(out, a, n, m):
+    for o in range(out.size // m):
+        for j in range(m):
+            out[o * m + j] = 0.0
+        for k in range(n):
+            base = (o * n + k) * m
+            for j in range(m):
+                out[o * m + j] += a[base + j]
+
+
+def blas_matmul_by_ndarray(a, a_shape, a_strides, b, b_shape, b_strides):
+    def view(storage, shape, strides):
+        return np.ndarray(tuple(shape), dtype=storage.dtype, buffer=storage,
+                          strides=tuple(int(s) * storage.itemsize for s in strides))
+    return view(a, a_shape, a_strides) @ view(b, b_shape, b_strides)
+
+
+@pytest.mark.parametrize("check_name, args", [
+    ("softplus", (softplus_by_branches,)),
+    ("position", (position_front_to_back,)),
+    ("strided_map", (map_by_rows,)),
+    ("strided_zip", (zip_by_stretched_strides,)),
+    ("sum_dim", (sum_dim_with_zeros, sum_kernel_backwards)),
+    ("matmul", (matmul_ijk,)),
+    ("flat_kernels", (flat_map_while, flat_zip_by_index)),
+    ("row_layout", (row_layout_by_search,)),
+    ("strided_copy", (copy_without_position,)),
+    ("sum_columns", (sum_columns_by_index,)),
+    ("blas_matmul", (blas_matmul_by_ndarray,)),
+])
+def test_right_kernels_written_another_way_are_accepted(check_name, args):
+    expect_pass(getattr(check, check_name), *args)

@@ -299,7 +299,7 @@ def erf_grad(u):
 @pytest.mark.parametrize("wrong, hint", [
     (make_bias_gelu(forward=F.gelu, grad=erf_grad), "erf"),
     (make_bias_gelu(db=lambda dx: dx[0].reshape(dx.shape[1], -1).sum(1)), "summed over the batch"),
-    (make_bias_gelu(grad=lambda u: gelu_tanh_grad(u, tanh_prime=False)), "tanh' term"),
+    (make_bias_gelu(grad=lambda u: gelu_tanh_grad(u, tanh_prime=False)), "product rule"),
     (make_bias_gelu(forward=lambda u: gelu_tanh(u), grad=lambda u: gelu_tanh_grad(u) * 1.001), "differs"),
     (torch.nn.GELU, "subclass of torch.autograd.Function"),
 ])

@@ -17,34 +17,17 @@ Every exercise's markdown (the cell right above the solution cell) carries a col
 get two. A hint never quotes a line of the answer.
 """
 
-import builtins
-import io
-import keyword
 import re
-import tokenize
 from dataclasses import dataclass
 
 import pytest
+from code_shape import REGION, normalize, shapes, significant
 
 from course_lib import REPO_DIR
 from course_lib.course import exercises as build
 from course_lib.course import nbtools
 
-TRIVIAL = re.compile(r"^(return\s*\w*|pass|else:|try:|break|continue|[)\]}]+|out\s*=\s*\[\]|.{0,12})$")
 DETAILS = re.compile(r"<details>\s*<summary>(.*?)</summary>(.*?)</details>", re.S | re.I)
-REGION = re.compile(r"### BEGIN SOLUTION[^\n]*\n(.*?)^[ \t]*### END SOLUTION", re.S | re.M)
-
-
-def normalize(line, code=True):
-    """One line as compared: comment dropped (code), whitespace folded, backticks stripped."""
-    if code:
-        line = "" if line.strip().startswith("#") else re.split(r"\s#(?:\s|$)", line, maxsplit=1)[0]
-    return re.sub(r"\s+", " ", line).strip().strip("`").strip()
-
-
-def significant(text):
-    lines = (normalize(line) for line in text.splitlines())
-    return [s for s in lines if s and not TRIVIAL.match(s)]
 
 
 @dataclass
@@ -102,55 +85,6 @@ def shown_in(answer, lines):
             if text[j:j + k] == run:
                 return lines[j][0], run
     return None
-
-
-MIN_TOKENS = 24   # a window of 3 lines this short (`a = b`, `c = d`, `return e`) says nothing about an answer
-KEPT = set(dir(builtins)) | set(keyword.kwlist) | {"np", "torch", "F", "nn", "math", "cuda", "numba", "dist",
-                                                    "self", "ctx", "prange", "njit", "ct", "optim", "plt"}
-
-
-def shape_of(line):
-    """The line's tokens with local names as placeholders, numbered per window by `rename`; None if the
-    line does not tokenize on its own (the middle of a bracket)."""
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        return None
-    out, after_dot = [], False
-    for t in tokens:
-        if t.type in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER, tokenize.INDENT, tokenize.DEDENT,
-                      tokenize.COMMENT):
-            continue
-        if t.type == tokenize.NAME and not after_dot and t.string not in KEPT:
-            out.append(("name", t.string))
-        elif t.type == tokenize.STRING:
-            out.append(("str", ""))
-        else:
-            out.append(("tok", t.string))
-        after_dot = t.string == "."
-    return out
-
-
-def rename(window):
-    """One token sequence for a window of lines, its names numbered in order of first appearance."""
-    seen, out = {}, []
-    for line in window:
-        for kind, text in line:
-            out.append(f"_{seen.setdefault(text, len(seen))}" if kind == "name" else text)
-        out.append("\n")
-    return tuple(out)
-
-
-def shapes(lines, k=3):
-    """{renamed token sequence of k consecutive lines: index of the window's first line}."""
-    parsed = [shape_of(s) for s in lines]
-    found = {}
-    for i in range(len(lines) - k + 1):
-        window = parsed[i:i + k]
-        if any(w is None for w in window) or sum(len(w) for w in window) < MIN_TOKENS:
-            continue
-        found.setdefault(rename(window), i)
-    return found
 
 
 def lesson_code_shapes(path):

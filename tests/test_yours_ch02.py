@@ -30,7 +30,7 @@ def test_the_parts_are_the_learners_and_the_payoff_reaches_95_percent(learner, c
 
 def test_a_wrong_piece_stops_the_assembly_named(learner):
     carried.break_piece("02", "optimizer_steps", "m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)", "m_hat, v_hat = m, v")
-    with pytest.raises(CheckFailed, match="(?s)your saved `optimizer_steps`.*without bias correction"):
+    with pytest.raises(CheckFailed, match="(?s)your saved `optimizer_steps`.*without its bias correction"):
         tensor.train_digits(quiet=True)
 
 

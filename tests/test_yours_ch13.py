@@ -18,7 +18,7 @@ from course_lib.gpt.model import GPT as TorchGPT
 from course_lib.gpt.model import GPTConfig
 from course_lib.gpt.trainer import TrainConfig, train_step
 from course_lib.gpt.trainer import configure_optimizer as recipe_optimizer
-from course_lib.yours import compiler
+from course_lib.yours import compiler, meter
 
 CONFIG = GPTConfig(vocab_size=17, block_size=10, n_layer=2, n_head=2, n_embd=12, dropout=0.0)
 
@@ -86,10 +86,10 @@ def test_the_payoff_compiles_the_learners_chapter_12_gpt(tmp_path_factory, monke
     monkeypatch.delenv("COURSE_PROGRESS_FILE", raising=False)
     namespace, out = carried.run_payoff("13")
     assert "chapter 13: your record, can_join, pointwise_source, guard" in out
-    assert ("chapter 12: your Softmax, GELU, LayerNorm, Embedding, MaskedFill, causal_self_attention" in out
+    assert ("chapter 12: your Softmax, GELU, LayerNorm, Embedding, MaskedFill, CausalAttention, Block, GPT" in out
             and "chapter 02: your Mul, Sum, matmul_backward" in out), out
     parts, step = namespace["parts"], namespace["step"]
-    assert parts.functions["Embedding"].whose == "yours" and parts.functions["MatMul"].whose == "yours"
+    assert meter.whose(parts.functions["Embedding"]) == "yours" and meter.whose(parts.functions["MatMul"]) == "yours"
     for op in ("Embedding.backward", "MatMul.backward", "CrossEntropy.forward"):
         assert f"{op} works outside the backend" in out, out
     assert step.stats.eager == 0 and step.program.counts()["island"] > 0

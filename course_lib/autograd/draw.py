@@ -4,14 +4,24 @@ Each value is a box showing its label, data and grad; each op is a small oval be
 its inputs and its output, as in micrograd's pictures.
 """
 
-from course_lib.autograd.engine import topological_order
+
+
+def nodes_under(root):
+    """Every node under `root` once, the root first, then by distance from it (breadth first)."""
+    order, seen = [root], {id(root)}
+    for v in order:
+        for child in v._prev:
+            if id(child) not in seen:
+                seen.add(id(child))
+                order.append(child)
+    return order
 
 
 def graph_of(root):
     """(nodes, edges) of the graph under `root`, in the format of draw_graph."""
     nodes, edges = [], []
-    order = topological_order(root)
-    name_of = {id(v): f"v{i}" for i, v in enumerate(order)}  # stable ids: position in the order
+    order = nodes_under(root)
+    name_of = {id(v): f"v{i}" for i, v in enumerate(order)}  # stable ids: position in the walk
     for v in order:
         vid = name_of[id(v)]
         kind = "output" if v is root else ("param" if v.label and not v._op else "value")

@@ -1,9 +1,8 @@
 """Checks for chapter 00, the warm-up: numerical derivatives and gradient checking.
 
-The module also keeps the course's own gradient-checking tools, `reference_numerical_gradient`
-and `reference_gradient_check`, the same algorithms as the exercises. Later chapters use them to
-test backward passes (chapter 01's lesson and checks do), so that every exact gradient in the
-course is compared with the nudging estimate of chapter 00.
+The oracles are PyTorch's exact derivatives, and for the steps that depend on h, central differences
+computed here on perturbed copies of the input, all at once (the course's own tools, which later
+chapters use, are in course_lib/gradcheck.py).
 """
 
 import numpy as np
@@ -22,35 +21,19 @@ _FUNCS = [
 WIDE_H = 0.05  # a step large enough that the formula's own error shows: an h that is ignored gets caught
 
 
-# ---- the course's gradient-checking tools ------------------------------------------------
-
-def reference_numerical_gradient(f, x, h=1e-5):
-    """The gradient of f (array -> float) at x by central differences, one element at a time.
-    x is nudged in place and restored, so it is unchanged afterwards."""
-    x = np.asarray(x, dtype=np.float64)
-    grad = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        old = x[i]
-        x[i] = old + h
-        up = f(x)
-        x[i] = old - h
-        down = f(x)
-        x[i] = old
-        grad[i] = (up - down) / (2 * h)
-    return grad
+def _central_differences(f, x, h):
+    """Every partial derivative of f at x at once: f at x plus and minus h times each unit vector, on
+    copies of x (the oracle for a step h; x is left alone)."""
+    units = np.eye(x.size).reshape((x.size,) + x.shape)
+    ups = np.array([f(x + h * e) for e in units])
+    downs = np.array([f(x - h * e) for e in units])
+    return ((ups - downs) / (2 * h)).reshape(x.shape)
 
 
-def relative_error(a, b):
-    """The worst elementwise relative error between a and b, scaled by |a| + |b|."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.max(np.abs(a - b) / np.maximum(np.abs(a) + np.abs(b), 1e-12)))
-
-
-def reference_gradient_check(f, grad_f, x, h=1e-5):
-    """The worst relative error max_i |g_i - n_i| / max(|g_i| + |n_i|, 1e-12) between the analytic
-    gradient g = grad_f(x) and the numerical one n: about 1e-8 or less when g is right, near 1 when not."""
-    x = np.array(x, dtype=np.float64)
-    return relative_error(grad_f(x), reference_numerical_gradient(f, x, h))
+def _worst_relative(g, n):
+    """max |g - n| / max(|g| + |n|, 1e-12), in PyTorch float64 (the oracle of gradient_check)."""
+    g, n = torch.as_tensor(np.asarray(g, dtype=np.float64)), torch.as_tensor(np.asarray(n, dtype=np.float64))
+    return float(((g - n).abs() / (g.abs() + n.abs()).clamp(min=1e-12)).max())
 
 
 # ---- the checks ----------------------------------------------------------------------------
@@ -83,7 +66,7 @@ def numerical_derivative(your_numerical_derivative):
         # A wide step, drawn on every run: the answer must depend on h as the formula says.
         x = float(rng().uniform(-2, 2))
         yours = your_numerical_derivative(f, x, WIDE_H)
-        expected = (f(x + WIDE_H) - f(x - WIDE_H)) / (2 * WIDE_H)
+        expected = float(_central_differences(lambda v: f(float(v[0])), np.array([x]), WIDE_H)[0])
         assert_close(yours, expected, what=f"the central difference of f(x) = {desc} at x = {x:.6f} with h = {WIDE_H}",
                      rtol=1e-9, atol=1e-12,
                      mistakes={"your function ignores its argument h: use the h it is given, not a fixed step":
@@ -129,14 +112,14 @@ def numerical_gradient(your_numerical_gradient):
     shape = (2, int(rng().integers(2, 5)))
     f, _ = _vector_fn(rng(), shape)
     x = rng().uniform(-1.5, 1.5, size=shape)
-    expected = reference_numerical_gradient(f, x.copy(), WIDE_H)
+    expected = _central_differences(f, x.copy(), WIDE_H)
     x_before = x.copy()
     yours = your_numerical_gradient(f, x, WIDE_H)
     _require_unchanged(x, x_before)
     assert_close(yours, expected, what=f"the gradient for an input of shape {shape} with h = {WIDE_H}",
                  rtol=1e-9, atol=1e-12, inputs={"x": x},
                  mistakes={"your function ignores its argument h: use the h it is given, not a fixed step":
-                           reference_numerical_gradient(f, x.copy())})
+                           _central_differences(f, x.copy(), 1e-5)})
     return "3 random functions of 1-D, 2-D and 3-D inputs, and one with a wide step h"
 
 
@@ -171,7 +154,7 @@ def gradient_check(your_gradient_check, your_numerical_gradient):
                         ("a gradient with the wrong sign", lambda x: -true_grad(x)),
                         ("a gradient scaled by 3", lambda x: 3 * true_grad(x))]:
         yours = your_gradient_check(f, buggy, x)
-        expected = relative_error(buggy(x), true_grad(x))
+        expected = _worst_relative(buggy(x), true_grad(x))
         g, n = buggy(x), true_grad(x)
         assert_close(yours, expected, what=f"the relative error for {name}", rtol=1e-4, atol=1e-9,
                      mistakes={"that is the mean over elements; report the max (the worst element)":
@@ -182,9 +165,9 @@ def gradient_check(your_gradient_check, your_numerical_gradient):
     # A correct gradient with a wide step h, drawn on every run: the numerical gradient's own
     # error now shows, so an h that is not passed on to numerical_gradient gets caught.
     yours = your_gradient_check(f, true_grad, x, WIDE_H)
-    expected = relative_error(true_grad(x), your_numerical_gradient(f, x.copy(), WIDE_H))
+    expected = _worst_relative(true_grad(x), your_numerical_gradient(f, x.copy(), WIDE_H))
     assert_close(yours, expected, what=f"the relative error of a correct gradient with h = {WIDE_H}",
                  rtol=1e-6, atol=1e-12,
                  mistakes={"your gradient_check ignores its argument h: pass it on to numerical_gradient":
-                           relative_error(true_grad(x), your_numerical_gradient(f, x.copy()))})
+                           _worst_relative(true_grad(x), your_numerical_gradient(f, x.copy()))})
     return "a correct gradient, 3 planted bugs and a wide step h"

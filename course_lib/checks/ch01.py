@@ -8,10 +8,10 @@ import contextlib
 import numpy as np
 import torch
 
-from course_lib.autograd import MLP, Neuron, Value, engine
-from course_lib.autograd.nn import svm_loss  # noqa: F401  (work saved before it moved imports it from here)
+from course_lib.autograd import MLP, Neuron, Value, engine, value
+from course_lib.autograd.losses import svm_loss  # noqa: F401  (work saved before it moved imports it from here)
 from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng
-from course_lib.checks.ch00 import reference_gradient_check
+from course_lib.gradcheck import gradient_check
 
 CASES = 12
 
@@ -19,12 +19,23 @@ CASES = 12
 @contextlib.contextmanager
 def _rule(op, fn):
     """Use `fn` as the backward rule of `op` while the block runs."""
-    saved = engine.RULES[op]
-    engine.RULES[op] = fn
+    saved = value.RULES[op]
+    value.RULES[op] = fn
     try:
         yield
     finally:
-        engine.RULES[op] = saved
+        value.RULES[op] = saved
+
+
+def _adopt(forward):
+    """The learner's forward, its result made a node of the engine's class with the same record, so
+    that the check's expressions can go on with the engine's other ops."""
+    def run(*args):
+        node = forward(*args)
+        if isinstance(node, value.Value) and not isinstance(node, Value):
+            node = Value(node.data, node._prev, node._op, node._arg)
+        return node
+    return run
 
 
 def _leaves(values):
@@ -55,17 +66,17 @@ def _gradient_check(expr, op, values, rule):
 
     def grad_f(x):
         return np.array(_run(expr, op, x, rule)[1:], dtype=np.float64)
-    return reference_gradient_check(f, grad_f, np.asarray(values, dtype=np.float64))
+    return gradient_check(f, grad_f, np.asarray(values, dtype=np.float64))
 
 
 def _check_op(op, forward, backward, expr_for, low, high, wrong_rules, n=CASES):
     """Random expressions that use the learner's op (some inputs twice, one node as both inputs
     of a binary op) against PyTorch, then through chapter 00's gradient check."""
     probe = forward(*[Value(0.7)] * (2 if op in ("+", "*") else 1))
-    require(isinstance(probe, Value), f"your forward returned {fmt(probe)}, not a Value.",
-            hint="return Value(data, (children...), op).")
+    require(isinstance(probe, value.Value), f"your forward returned {fmt(probe)}, not a Value.",
+            hint="the forward makes a new node, a Value that records its inputs and its op's name.")
     require(probe._op == op, f"your forward made a node with op {probe._op!r}; expected {op!r}.",
-            hint=f"pass {op!r} as the op name: backward() looks the rule up by that name.")
+            hint="backward() finds a node's rule by the op name the node records.")
     for case in range(n):
         values = rng().uniform(low, high, size=3)
         ours, theirs = expr_for(case)
@@ -119,7 +130,7 @@ def mul(your_mul, your_mul_backward):
         b.grad += b.data * out.grad
     wrong = {"a node used twice loses one of its gradients: use += (accumulate), not =": assign,
              "d(a*b)/da is b, not a: each input's grad uses the OTHER input's data": own}
-    exprs = lambda case: (_binary(your_mul), _binary(lambda x, y: x * y))
+    exprs = lambda case: (_binary(_adopt(your_mul)), _binary(lambda x, y: x * y))
     return _check_op("*", your_mul, your_mul_backward, exprs, -1.5, 1.5, wrong)
 
 
@@ -141,7 +152,8 @@ def exp(your_exp, your_exp_backward):
              "multiply by out.grad: the chain rule carries the gradient from the output": no_chain,
              "a node used twice loses one of its gradients: use += (accumulate), not =": assign}
     # inputs in [-0.5, 0.5] keep the nested exponentials of the expression below about 200
-    return _check_op("exp", your_exp, your_exp_backward, lambda case: (_unary(your_exp), _unary(torch.exp)), -0.5, 0.5, wrong)
+    return _check_op("exp", your_exp, your_exp_backward, lambda case: (_unary(_adopt(your_exp)), _unary(torch.exp)),
+                     -0.5, 0.5, wrong)
 
 
 @exercise
@@ -151,7 +163,7 @@ def power(your_power, your_pow_backward):
 
     def exprs(case):
         k = exponents[case % len(exponents)]
-        return _unary(lambda x: your_power(x, k)), _unary(lambda x: x**k)
+        return _unary(_adopt(lambda x: your_power(x, k))), _unary(lambda x: x**k)
 
     def off_by_one(out):
         (a,), k = out._prev, out._arg
@@ -168,9 +180,9 @@ def power(your_power, your_pow_backward):
              "you dropped the factor k: d(a**k)/da = k * a**(k-1)": no_k,
              "a node used twice loses one of its gradients: use += (accumulate), not =": assign}
     probe = your_power(Value(1.3), 3)
-    require(isinstance(probe, Value) and probe._arg == 3,
+    require(isinstance(probe, value.Value) and probe._arg == 3,
             f"power(Value(1.3), 3) should keep the exponent in out._arg; it holds {fmt(getattr(probe, '_arg', None))}.",
-            hint="pass k as the fourth argument: Value(data, (a,), '**', k).")
+            hint="the rule reads the exponent from the node's record, so the forward must store it there.")
     return _check_op("**", lambda x: your_power(x, 2), your_pow_backward, exprs, 0.4, 1.6, wrong, n=10)
 
 
@@ -191,7 +203,7 @@ def tanh(your_tanh, your_tanh_backward):
     wrong = {"d tanh(a)/da = 1 - tanh(a)**2: square the OUTPUT out.data, not the input": from_input,
              "square it: d tanh(a)/da = 1 - tanh(a)**2": no_square,
              "a node used twice loses one of its gradients: use += (accumulate), not =": assign}
-    exprs = lambda case: (_unary(your_tanh), _unary(torch.tanh))
+    exprs = lambda case: (_unary(_adopt(your_tanh)), _unary(torch.tanh))
     return _check_op("tanh", your_tanh, your_tanh_backward, exprs, -1.5, 1.5, wrong)
 
 
@@ -207,7 +219,7 @@ def relu(your_relu, your_relu_backward):
         a.grad = (out.data > 0) * out.grad
     wrong = {"the gradient flows only where the input was positive; elsewhere relu is flat": always,
              "a node used twice loses one of its gradients: use += (accumulate), not =": assign}
-    exprs = lambda case: (_unary(your_relu), _unary(torch.relu))
+    exprs = lambda case: (_unary(_adopt(your_relu)), _unary(torch.relu))
     return _check_op("relu", your_relu, your_relu_backward, exprs, -1.5, 1.5, wrong)
 
 
@@ -321,17 +333,18 @@ def backward(your_backward):
         your_backward(root)
         first = np.array([x.grad for x in leaves])
         assert_close(first, expected, what=f"the leaves' grads after backward() on a random graph of {len(order)} nodes",
-                     rtol=1e-9, atol=1e-12, hint="reset every grad of the graph to 0, set root.grad = 1, then call "
-                     "_backward() on each node in REVERSED topological order.",
-                     mistakes={"the grads left by an earlier run were added to: set every grad of the graph to 0 "
-                               "before backpropagating": no_reset})
+                     rtol=1e-9, atol=1e-12,
+                     hint="a node's rule may run only once its grad is complete, after the rules of every node "
+                          "that uses it, and every grad of the graph starts from nothing.",
+                     mistakes={"the grads left by an earlier run were added to: every grad of the graph, not only "
+                               "the leaves', must start from nothing": no_reset})
         require(root.grad == 1, f"after backward(), root.grad should be 1; it is {fmt(root.grad)}.")
         your_backward(root)
         second = np.array([x.grad for x in leaves])
         assert_close(second, first, what="the leaves' grads after calling backward() a second time",
                      rtol=1e-12, atol=1e-12,
-                     mistakes={"the grads accumulated across the two calls: set every grad of the graph to 0 "
-                               "before backpropagating, so re-running gives the same answer": 2 * first},
+                     mistakes={"the grads accumulated across the two calls: each call must start every grad of the "
+                               "graph from nothing, so that re-running gives the same answer": 2 * first},
                      hint="the second call must start from zeroed grads, just like the first.")
     return "3 random graphs against PyTorch, each backpropagated twice"
 
@@ -387,7 +400,7 @@ def mlp_parameters(your_mlp_parameters):
         require(all(isinstance(p, Value) for p in yours),
                 "expected a flat list of Values; found "
                 f"{fmt([type(p).__name__ for p in yours if not isinstance(p, Value)][:3])}.",
-                hint="flatten: [p for layer in ... for neuron in ... for p in ...].")
+                hint="one flat list of Values, not a list per layer or per neuron.")
         torch_net = torch.nn.Sequential(*[torch.nn.Linear(a, b) for a, b in zip([nin] + sizes, sizes)])
         count = sum(p.numel() for p in torch_net.parameters())
         n_w = sum(a * b for a, b in zip([nin] + sizes, sizes))
@@ -397,7 +410,11 @@ def mlp_parameters(your_mlp_parameters):
                     "a parameter is listed twice" if len(yours) > count else None)
             raise CheckFailed(f"an MLP({nin}, {sizes}) has {count} parameters (as a torch Sequential of Linear "
                               f"layers); your list has {len(yours)}." + (f"\n  hint: {hint}" if hint else ""))
-        expected = [p for layer in m.layers for n in layer.neurons for p in n.w + [n.b]]
+        expected = []
+        for layer in m.layers:  # micrograd's order
+            for neuron in layer.neurons:
+                expected.extend(neuron.w)
+                expected.append(neuron.b)
         bad = next((i for i, (p, q) in enumerate(zip(yours, expected)) if p is not q), None)
         if bad is not None:
             raise CheckFailed(f"MLP({nin}, {sizes}): parameter {bad} of your list is not the expected one "
@@ -465,14 +482,16 @@ def sgd_step(your_sgd_step):
             require(hasattr(loss, "data"), f"sgd_step should return the loss Value; it returned {fmt(loss)}.")
             losses.append(loss.data)
         assert_close(losses, exp_losses, what=f"the losses of two steps on {name}", rtol=1e-9, atol=1e-12,
-                     mistakes={"the loss did not change: update p.data -= lr * p.grad after backward()": [exp_losses[0]] * 2},
-                     hint=("on micrograd backward() adds into the grads: call model.zero_grad() before loss.backward()"
-                           if "micrograd" in name
-                           else "zero the grads, build the loss, call backward(), then p.data -= lr * p.grad."))
+                     mistakes={"the loss did not change between the steps: the parameters never moved": [exp_losses[0]] * 2},
+                     hint=("on micrograd backward() adds into whatever the grads hold: a step must not see the "
+                           "grads of the one before" if "micrograd" in name
+                           else "each step moves the parameters with the gradient of that step's own loss, once the "
+                                "backward pass is complete."))
         yours = [p.data for p in model.parameters()]
         wrong_sign = [2 * a - b for a, b in zip(params, exp_params)]
         assert_close(yours, exp_params, what=f"the parameters after two steps on {name}", rtol=1e-9, atol=1e-12,
-                     mistakes={"step AGAINST the gradient: p.data -= lr * p.grad, not +=": wrong_sign},
-                     hint=("on micrograd backward() adds into the grads: call model.zero_grad() before loss.backward()"
-                           if "micrograd" in name else "p.data -= lr * p.grad for every parameter, after backward()."))
+                     mistakes={"the parameters moved up the gradient: descent steps against it": wrong_sign},
+                     hint=("on micrograd backward() adds into whatever the grads hold: a step must not see the "
+                           "grads of the one before" if "micrograd" in name
+                           else "every parameter the model lists moves against its own gradient, scaled by lr."))
     return "2 steps on the course engine and on micrograd's, against PyTorch float64"

@@ -128,7 +128,7 @@ def _check_fresh(out, shape, dtype, name):
     TensorData, _ = _lib()
     require(out is not None, f"{name} returned None. Did you forget a `return`?")
     require(isinstance(out, TensorData), f"{name} should return a TensorData, got {type(out).__name__}.",
-            hint="allocate the output with TensorData.zeros(shape, dtype) and fill its storage.")
+            hint="the output is a fresh, contiguous TensorData of the output's shape.")
     assert_equal(tuple(out.shape), tuple(shape), what=f"the shape of {name}'s output")
     require(out.is_contiguous() and out.offset == 0,
             f"{name}'s output should be fresh and contiguous; yours has {_describe(out)}.")
@@ -220,7 +220,8 @@ def strided_reduce(your_strided_reduce):
                         "start the fold from `start`, then combine every element": no_start}
         assert_close(out.to_numpy(), acc, what=f"strided_reduce ({name}) of a {shape} ({kind}) over dim {dim}",
                      rtol=1e-12, atol=1e-12, inputs=inputs, mistakes=mistakes,
-                     hint="for each output index, walk index[dim] over 0..n-1 and read a through its strides and offset.")
+                     hint="each output element folds a whole line of a along dim, in order, read through a's own "
+                          "strides and offset.")
         n_cases += 1
     return f"{n_cases} random views (transposed, sliced, stride-0), sum, max and an order-dependent fold"
 
@@ -241,8 +242,8 @@ def _leaf(values, transposed=False):
 
 def _gradient_check(f, grad_f, x, what):
     """Chapter 00's gradient check as a second oracle: the worst relative error against nudging."""
-    from course_lib.checks.ch00 import reference_gradient_check
-    err = reference_gradient_check(f, grad_f, x)
+    from course_lib.gradcheck import gradient_check
+    err = gradient_check(f, grad_f, x)
     require(err < 1e-6, f"{what}: your backward disagrees with the numerical gradient (chapter 00's gradient "
             f"check): worst relative error {err:.2e}, expected below 1e-6.")
 
@@ -380,7 +381,7 @@ def tensor_methods(your_Tensor):
     compare("2.5 * a", lambda a: 2.5 * a, lambda a: 2.5 * a, [(x, False)], F.Mul,
             hint="2.5 * a calls a.__rmul__(2.5): lift the number to a tensor, then multiply.")
     compare("a * -1.5", lambda a: a * -1.5, lambda a: a * -1.5, [(x, True)], F.Mul,
-            hint="a Python number must become a 0-d tensor first: self._lift(other).")
+            hint="a Python number must become a 0-d tensor before it meets a Function.")
     compare(f"a.sum() for a {z.shape}", lambda a: a.sum(), lambda a: a.sum(), [(z, True)], F.Sum,
             hint="dim=None sums over every dim, one at a time; the result is 0-d (shape ()).")
     compare(f"a.sum(-1) for a {z.shape}", lambda a: a.sum(-1), lambda a: a.sum(-1), [(z, True)], F.Sum,
@@ -478,8 +479,7 @@ def softmax_cross_entropy(your_log_softmax, your_cross_entropy):
                 f"your log_softmax gave inf or nan on logits up to {np.abs(x).max():.0f}"
                 + (" whose rows lie 1500 apart: exp underflows to 0 in the rows far below the batch's max."
                    if scale == "rows apart" else ": it is unstable, exp overflows for large logits."),
-                hint="subtract each row's OWN max m (keepdims=True), not the max of the whole batch: "
-                     "x - m - log(sum(exp(x - m))).")
+                hint="shift each row by its OWN max, not by the max of the whole batch.")
         assert_close(yours, expected, what=f"log_softmax of logits with scale {scale}", rtol=1e-9, atol=1e-9,
                      mistakes={"unstable: exp overflows for large logits. Subtract the row max first": naive,
                                "normalise over the last axis (axis=-1, keepdims=True), one row per example":
@@ -491,7 +491,7 @@ def softmax_cross_entropy(your_log_softmax, your_cross_entropy):
         assert_close(ce, exp_ce, what=f"cross_entropy with scale {scale}", rtol=1e-9,
                      mistakes={"take the MEAN over the batch, not the sum": exp_ce * batch,
                                "cross-entropy is MINUS the log-probability of the target": -exp_ce},
-                     hint="pick log_softmax(x)[i, target[i]] for each row i, negate, average.")
+                     hint="cross-entropy is the average over the rows of minus the log-probability of each row's own target.")
     return "3 batches, logits up to 1000, and rows 1500 apart"
 
 
@@ -509,7 +509,7 @@ def linear(your_Linear):
     bound = 1 / np.sqrt(in_f)
     for name, p, n in (("weight", getattr(layer, "weight", None), out_f * in_f), ("bias", getattr(layer, "bias", None), out_f)):
         require(p is not None and hasattr(p, "numpy"), f"Linear({in_f}, {out_f}) has no {name} Parameter.",
-                hint="assign them as attributes: self.weight = nn.Parameter(...), self.bias = nn.Parameter(...).")
+                hint="a Module finds its parameters through its attributes, each a Parameter.")
         v = p.numpy().ravel()
         require(v.size == n, f"Linear({in_f}, {out_f}).{name} should have {n} elements, it has {v.size}.")
         what = f"the initial {name} of Linear({in_f}, {out_f})"
@@ -526,7 +526,7 @@ def linear(your_Linear):
             spread = float(v.std())
             require(abs(spread - bound / np.sqrt(3)) < 0.1 * bound / np.sqrt(3),
                     f"{what} has standard deviation {spread:.4f}; uniform(-{bound:.4f}, {bound:.4f}) has "
-                    f"{bound / np.sqrt(3):.4f}.", hint="draw uniformly, ct.generator().uniform(-bound, bound, shape).")
+                    f"{bound / np.sqrt(3):.4f}.", hint="the initial values are uniform on [-bound, bound], as in torch.")
         else:
             require(np.abs(v).max() > bound / 2,
                     f"{what} stays within ±{np.abs(v).max():.4f}, far inside ±1/sqrt(in) = ±{bound:.4f}.",
@@ -538,7 +538,7 @@ def linear(your_Linear):
         params = dict(layer.named_parameters())
         require(set(params) == {"weight", "bias"},
                 f"Linear should have parameters 'weight' and 'bias' (as nn.Parameter), found {sorted(params)}.",
-                hint="assign them as attributes: self.weight = Parameter(...), self.bias = Parameter(...).")
+                hint="a Module finds its parameters through its attributes, each a Parameter.")
         assert_equal(layer.weight.shape, (out_f, in_f), what="weight.shape",
                      hint="torch's layout: weight is (out_features, in_features).")
         assert_equal(layer.bias.shape, (out_f,), what="bias.shape")
@@ -547,7 +547,7 @@ def linear(your_Linear):
         require(np.abs(w).max() <= bound + 1e-6 and np.abs(w).max() > bound / 4 and w.std() > 0,
                 f"weights should start uniform in [-1/sqrt(in), 1/sqrt(in)] = ±{bound:.3f}; "
                 f"yours range over [{w.min():.3f}, {w.max():.3f}].",
-                hint="draw them from the course's generator, ct.generator().uniform(-bound, bound, shape).")
+                hint="draw them from the course's generator, so that ct.manual_seed fixes them.")
         x = random_array(lead + (in_f,)).astype(np.float32)
         xt = ct.Tensor(x, requires_grad=True)
         y = layer(xt)
@@ -588,7 +588,7 @@ def optimizer_steps(your_sgd_momentum_step, your_adam_step):
         no_mom = p - lr * g
         p, v = got
         assert_close(p, tp.detach().numpy(), what=f"the parameter after SGD-momentum step {t}", rtol=1e-9,
-                     mistakes={"you ignored the velocity: p = p - lr * v, where v = momentum * v + g": no_mom})
+                     mistakes={"the step used the gradient, not the velocity that accumulates it": no_mom})
     b1, b2, eps, lr = 0.9, 0.999, 1e-8, 0.01
     tp = _t(p0, True)
     topt = torch.optim.Adam([tp], lr=lr, betas=(b1, b2), eps=eps)
@@ -602,5 +602,6 @@ def optimizer_steps(your_sgd_momentum_step, your_adam_step):
         require(isinstance(got, tuple) and len(got) == 3, f"adam_step returns (p, m, v), got {fmt(got)}")
         p, m, v = got
         assert_close(p, tp.detach().numpy(), what=f"the parameter after Adam step {t}", rtol=1e-9,
-                     mistakes={"Adam without bias correction: divide m by (1 - b1**t) and v by (1 - b2**t)": uncorrected})
+                     mistakes={"Adam without its bias correction: the running means start at zero and are too "
+                               "small early on": uncorrected})
     return "5 steps of each on a random parameter"

@@ -45,7 +45,8 @@ def char_tokenizer(your_char_tokenizer):
         first_seen = list(dict.fromkeys(text))
         hint = None
         if ids == [first_seen.index(c) for c in s]:
-            hint = "your ids follow the order in which characters first appear; number them in sorted order: sorted(set(text))."
+            hint = ("your ids follow the order in which characters first appear; the numbering follows the sorted "
+                    "characters, so that it does not depend on where a character first appears.")
         elif ids == [i + 1 for i in expected]:
             hint = "your ids start at 1; the first character gets id 0."
         assert_equal(ids, expected, what=f"encode({s!r})", inputs={"text": text}, hint=hint)
@@ -56,19 +57,23 @@ def char_tokenizer(your_char_tokenizer):
 
 
 def _merge_reference(ids, new_id):
-    counts = {}
-    for pair in zip(ids, ids[1:]):
-        counts[pair] = counts.get(pair, 0) + 1
-    pair = max(counts, key=counts.get)
-    out, i = [], 0
-    while i < len(ids):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
-            out.append(new_id)
-            i += 2
+    """The oracle: the pair with the highest count, the earliest first seen among equals, then a
+    rewrite that skips the id after each merge."""
+    seen = {}                                   # pair -> (count, where it first occurs)
+    for at, pair in enumerate(zip(ids, ids[1:])):
+        count, first = seen.get(pair, (0, at))
+        seen[pair] = (count + 1, first)
+    best = min(seen, key=lambda pair: (-seen[pair][0], seen[pair][1]))
+    merged, skip = [], False
+    for at, token in enumerate(ids):
+        if skip:
+            skip = False
+        elif tuple(ids[at:at + 2]) == best:
+            merged.append(new_id)
+            skip = True
         else:
-            out.append(ids[i])
-            i += 1
-    return pair, out
+            merged.append(token)
+    return best, merged
 
 
 def _merge_cases():
@@ -157,11 +162,10 @@ def attention_head(your_attention_head):
         assert_close(yours, expected, what=f"the head's output for x of shape {(B, T, C)}, head size {hs}",
                      rtol=1e-7, atol=1e-9,
                      mistakes={
-                         "no causal mask: position t must not see positions after t (masked_fill the upper "
-                         "triangle with -inf before the softmax)": _head_oracle(x, wq, wk, wv, mask=False),
-                         "missing scale: divide the scores q @ k^T by sqrt(head_size) before the softmax":
+                         "no causal mask: position t must not see positions after t": _head_oracle(x, wq, wk, wv, mask=False),
+                         "missing scale: the scores are divided by the square root of the head size":
                              _head_oracle(x, wq, wk, wv, scale=False),
-                         "softmax over the wrong axis: normalize over the keys, the last axis (dim=-1)":
+                         "softmax over the wrong axis: each query's weights over the keys sum to 1":
                              _head_oracle(x, wq, wk, wv, dim=-2),
                          "you divided by head_size; divide by its square root":
                              _head_oracle(x, wq / math.sqrt(math.sqrt(hs)), wk / math.sqrt(math.sqrt(hs)), wv),
@@ -178,11 +182,13 @@ def split_merge_heads(your_split_heads, your_merge_heads):
         expected = torch.stack([x[:, :, h * d:(h + 1) * d] for h in range(H)], dim=1)
         yours = your_split_heads(x, H)
         assert_close(yours, expected, what=f"split_heads(x of shape {(B, T, H * d)}, n_head={H})",
-                     mistakes={"you reshaped straight to (B, H, T, d): view as (B, T, H, d) first, then transpose(1, 2)":
+                     mistakes={"you reshaped straight to (B, H, T, d), which mixes positions into heads: a head's channels are "
+                               "consecutive within each position":
                                x.reshape(B, H, T, d)})
         back = your_merge_heads(expected)
         assert_close(back, x, what=f"merge_heads(y of shape {(B, H, T, d)})",
-                     mistakes={"you reshaped straight to (B, T, C): transpose(1, 2) back to (B, T, H, d) first":
+                     mistakes={"you reshaped straight to (B, T, C), which mixes positions into channels: merging undoes the "
+                               "split's moves in reverse":
                                expected.reshape(B, T, H * d)})
     return "2 shapes, both directions"
 
@@ -217,10 +223,10 @@ def block_forward(your_block_forward):
             norm_res = block.ln_2(norm_res) + block.mlp(block.ln_2(norm_res))
             parallel = x + block.attn(block.ln_1(x)) + block.mlp(block.ln_2(x))
         assert_close(yours, expected, what=f"the block's output for x of shape {(B, T, C)}", rtol=1e-7, atol=1e-9,
-                     mistakes={"that is post-norm (LayerNorm after the residual add); GPT-2 normalizes first: "
-                               "x = x + attn(ln_1(x))": post,
-                               "the residual connections are missing: add each sublayer's output to x": no_res,
-                               "use ln_2 before the MLP; ln_1 belongs to attention": one_ln,
+                     mistakes={"that is post-norm (LayerNorm after the residual add); GPT-2 normalizes what enters "
+                               "each sublayer and adds the result to the untouched stream": post,
+                               "the residual connections are missing: each sublayer's output is added to the stream": no_res,
+                               "each sublayer has its own LayerNorm": one_ln,
                                "the residual must carry x itself, not the normalized ln(x)": norm_res,
                                "the MLP must see the output of the attention step, not the block's input": parallel})
     return "2 random blocks in float64"
@@ -243,13 +249,13 @@ def top_k_probs(your_top_k_probs):
         yours = your_top_k_probs(logits.clone(), k, temp)
         expected = ref()
         plain = torch.softmax(logits / temp, -1)
-        mistakes = {"you keep k + 1 tokens: keep logits >= the k-th largest (topk(...).values[..., -1:])"
+        mistakes = {"you keep k + 1 tokens: the k-th largest logit itself is the last one kept"
                     : ref(k=min(k + 1, V)),
-                    "you multiplied by the temperature: divide the logits by it, before the softmax": ref(t=1 / temp),
+                    "you multiplied by the temperature; a temperature above 1 flattens the distribution": ref(t=1 / temp),
                     "you kept the k smallest logits; keep the k largest": ref(largest=False),
-                    "the probabilities outside the top k must be 0: set those logits to -inf before the softmax":
+                    "the probabilities outside the top k must be exactly 0":
                         plain,
-                    "after zeroing, the kept probabilities must sum to 1: mask the logits, then softmax":
+                    "after the others are discarded, the kept probabilities must sum to 1":
                         plain.masked_fill(logits < torch.topk(logits, k, -1).values[..., -1:], 0.0)}
         if temp == 1.0:
             mistakes = {h: w for h, w in mistakes.items() if "temperature" not in h}
@@ -268,12 +274,17 @@ def _tiny_gpt(g):
 
 
 def _reference_step(model, opt, x, y, clip):
+    """The oracle: this batch's gradients by torch.autograd.grad, scaled by hand to a global norm of at
+    most `clip` (torch's factor, clip / (norm + 1e-6)), handed to the optimizer."""
+    params = [p for p in model.parameters() if p.requires_grad]
     _, loss = model(x, y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    grads = torch.autograd.grad(loss, params)
+    norm = torch.sqrt(sum((gr * gr).sum() for gr in grads))
+    scale = min(1.0, float(clip / (norm + 1e-6)))
+    for p, gr in zip(params, grads):
+        p.grad = gr * scale
     opt.step()
-    return loss.item()
+    return float(loss.detach())
 
 
 @exercise
@@ -308,20 +319,19 @@ def train_step(your_train_step):
             wrong[name] = torch.cat([p.detach().flatten() for p in m.parameters()])
         loss = your_train_step(model, opt, x, y, clip)
         ref_loss = _reference_step(ref_model, ref_opt, x, y, clip)
-        require(isinstance(loss, float), f"train_step should return the loss as a Python float (loss.item()), "
+        require(isinstance(loss, float), f"train_step should return the loss as a Python float, "
                 f"got {type(loss).__name__}.")
         assert_close(loss, ref_loss, what=f"the loss returned at step {step}", rtol=1e-9,
-                     hint="return the loss of the forward pass before the update, as loss.item().")
+                     hint="return this batch's loss from before the update, as a Python number.")
         yours = torch.cat([p.detach().flatten() for p in model.parameters()])
         expected = torch.cat([p.detach().flatten() for p in ref_model.parameters()])
         assert_close(yours, expected, what=f"the parameters after step {step}", rtol=1e-7, atol=1e-10,
-                     mistakes={"the update is as if there were no clipping: call "
-                               "torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip) after backward, "
-                               "before optimizer.step()": wrong["no_clip"],
-                               "gradients piled up across steps: call optimizer.zero_grad() before backward":
+                     mistakes={"the update is as if there were no clipping: the update must see the gradients "
+                               "after their global norm is clipped to grad_clip": wrong["no_clip"],
+                               "gradients piled up across steps: backward adds into whatever the gradients hold":
                                    wrong["no_zero"]},
-                     hint="the order is: loss = model(x, y)[1]; optimizer.zero_grad(); loss.backward(); "
-                          "clip_grad_norm_; optimizer.step().")
+                     hint="each action of the step needs the one before it complete: the gradients of this "
+                          "batch alone, clipped, then the update.")
     return "3 steps of a tiny GPT in float64, with clipping active"
 
 
@@ -344,12 +354,28 @@ def _random_gpt(g, vocab_size=19, block_size=11, n_layer=2, n_head=3, n_embd=12,
 
 
 def _reference_copy(model):
-    """The course's reference GPT, loaded with the same weights: the oracle."""
-    from course_lib.gpt.model import GPT
+    """A copy of the GPT with the same weights, whose forward the learner's code does not replace."""
+    return copy.deepcopy(model).eval()
 
-    ref = GPT(model.config).double().eval()
-    ref.load_state_dict(model.state_dict())
-    return ref
+
+def _functional_logits(model, idx):
+    """The oracle of the whole GPT: its weights through torch.nn.functional, block by block (GPT-2's
+    pre-norm block, causal attention by SDPA, a GELU MLP), without the modules' own forwards."""
+    tr, config = model.transformer, model.config
+    n_head, C = config.n_head, config.n_embd
+    B, T = idx.shape
+    h = tr.wte.weight[idx] + tr.wpe.weight[:T]
+    for block in tr.h:
+        a = F.layer_norm(h, (C,), block.ln_1.weight, block.ln_1.bias)
+        q, k, v = F.linear(a, block.attn.c_attn.weight, block.attn.c_attn.bias).chunk(3, dim=-1)
+        q, k, v = (z.reshape(B, T, n_head, C // n_head).permute(0, 2, 1, 3) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).permute(0, 2, 1, 3).reshape(B, T, C)
+        h = h + F.linear(y, block.attn.c_proj.weight, block.attn.c_proj.bias)
+        m = F.layer_norm(h, (C,), block.ln_2.weight, block.ln_2.bias)
+        m = F.gelu(F.linear(m, block.mlp.c_fc.weight, block.mlp.c_fc.bias), approximate=config.gelu)
+        h = h + F.linear(m, block.mlp.c_proj.weight, block.mlp.c_proj.bias)
+    h = F.layer_norm(h, (C,), tr.ln_f.weight, tr.ln_f.bias)
+    return F.linear(h, model.lm_head.weight)
 
 
 def _forbid(module, what, instead):
@@ -382,16 +408,15 @@ def gpt_forward(your_gpt_forward):
     for B, T in cases:
         idx = torch.randint(0, V, (B, T), generator=g)
         with torch.no_grad():
-            expected = ref(idx)[0]
+            expected = _functional_logits(ref, idx)
             mistakes = {
-                "the position embeddings are missing: add model.transformer.wpe of the positions 0..T-1 "
-                "to the token embeddings": _gpt_variant(ref, idx, positions=False),
-                "the final LayerNorm is missing: apply model.transformer.ln_f after the last block, "
-                "before the LM head": _gpt_variant(ref, idx, final_norm=False),
+                "the position embeddings are missing: each token's embedding also says where it stands":
+                    _gpt_variant(ref, idx, positions=False),
+                "the final LayerNorm is missing, between the last block and the LM head":
+                    _gpt_variant(ref, idx, final_norm=False),
             }
             if T < block_size:
-                mistakes["your positions are off by one: the first token has position 0, so use "
-                         "torch.arange(T), not 1..T"] = _gpt_variant(ref, idx, offset=1)
+                mistakes["your positions are off by one: the first token has position 0"] = _gpt_variant(ref, idx, offset=1)
             try:
                 yours = your_gpt_forward(model, idx.clone())
             except RuntimeError as e:
@@ -403,7 +428,7 @@ def gpt_forward(your_gpt_forward):
                 raise
         assert_close(yours, expected, what=f"the output for idx of shape {(B, T)}", rtol=1e-9, atol=1e-10,
                      inputs={"idx": idx}, mistakes=mistakes)
-    return "3 batches of a random 2-layer GPT in float64, against the reference GPT"
+    return "3 batches of a random 2-layer GPT in float64, against its weights run through torch.nn.functional"
 
 
 # ---- the KV cache ---------------------------------------------------------------------------
@@ -439,11 +464,25 @@ _DECODE_HINTS = {
 }
 
 
+def _keys_and_values(model, idx):
+    """Each layer's (k, v) for the whole prefix idx, (B, H, T, d) each, read off the output of its c_attn
+    during a full forward (the oracle of the cache)."""
+    outputs, hooks = [], [block.attn.c_attn.register_forward_hook(lambda mod, args, out: outputs.append(out))
+                          for block in model.transformer.h]
+    try:
+        model(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    B, T = idx.shape
+    H, C = model.config.n_head, model.config.n_embd
+    split = [out.split(C, dim=2)[1:] for out in outputs]
+    return [tuple(z.reshape(B, T, H, C // H).permute(0, 2, 1, 3) for z in kv) for kv in split]
+
+
 @exercise
 def decode_step(your_decode_step):
     """decode_step(model, token, cache): one KV-cache step; its logits must equal the full forward's last position."""
-    from course_lib.gpt.model import KVCache
-
     g = _torch_rng()
     model = _random_gpt(g, block_size=12)
     ref = _reference_copy(model)
@@ -463,8 +502,7 @@ def decode_step(your_decode_step):
         token = prompt[:, t:t + 1]
         with torch.no_grad():
             full = ref(prompt[:, :t + 1])[0][:, -1]
-            ref_cache = KVCache(n_layer)
-            ref(prompt[:, :t + 1], cache=ref_cache)
+            ref_cache = _keys_and_values(ref, prompt[:, :t + 1])
             mistakes = {_DECODE_HINTS[m]: _decode_variant(ref, token, c, m) for m, c in wrong_caches.items()}
             yours = your_decode_step(model, token.clone(), cache)
         assert_close(yours, full, what=f"the output of step {t} (token {t} of a prompt of {P}, with {t} positions cached)",
@@ -477,7 +515,7 @@ def decode_step(your_decode_step):
             require(isinstance(entry, (tuple, list)) and len(entry) == 2,
                     f"after step {t}, cache[{layer}] should be the pair (k, v) of that layer; got {fmt(entry)}.",
                     hint="store cache[layer] = (k, v), the keys and values of every position so far.")
-            for name, yours_kv, ref_kv in zip("kv", entry, ref_cache.layers[layer]):
+            for name, yours_kv, ref_kv in zip("kv", entry, ref_cache[layer]):
                 require(tuple(yours_kv.shape) == (B, H, t + 1, d),
                         f"after step {t}, cache[{layer}]'s {name} has shape {tuple(yours_kv.shape)}; expected "
                         f"{(B, H, t + 1, d)}: (batch, heads, positions so far, head size).")

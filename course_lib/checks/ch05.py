@@ -50,7 +50,7 @@ def discretize_zoh(your_discretize_zoh):
 # ---- the selective scan -----------------------------------------------------------------------
 
 def scan_inputs(b, L, D, N):
-    """Random selective-scan inputs (x, delta, A, B, C, D) in float64, shaped as in course_lib/mamba/scan.py."""
+    """Random selective-scan inputs (x, delta, A, B, C, D) in float64, shaped as the exercise says."""
     x = rng().uniform(-2, 2, (b, L, D))
     delta = np.log1p(np.exp(rng().uniform(-3, 1, (b, L, D))))                 # softplus: positive
     A = -rng().uniform(0.3, 4, (D, N))
@@ -153,7 +153,7 @@ def parallel_scan(your_parallel_scan, your_combine):
         require(len(calls) <= rounds,
                 f"for L = {L} your scan called `combine` {len(calls)} times; a log-depth scan needs at most "
                 f"{rounds} calls, each on whole slices of the sequence.",
-                hint="in round k, combine positions t - 2^k and t for all t at once (slices), not one t at a time.")
+                hint="a round is one call of combine on whole slices; the offset doubles from round to round.")
     return "5 lengths, 1 to 100, with a log-depth number of combine calls"
 
 
@@ -246,11 +246,11 @@ def block_forward(your_block_forward):
         u = _t(rng().uniform(-1.5, 1.5, (2, int(rng().integers(5, 14)), blk.config.d_model)))
         yours = _out(your_block_forward(blk, u), "block_forward")
         assert_close(yours, _block_oracle(blk, u), what="the block output", rtol=1e-7, atol=1e-9,
-                     mistakes={"softplus goes on the output of dt_proj (delta = softplus(dt_proj(dt))), not on dt":
+                     mistakes={"the softplus acts on what dt_proj makes, not on what it reads":
                                    _block_oracle(blk, u, softplus_at="dt"),
-                               "delta must be positive: apply softplus to dt_proj's output":
+                               "delta must be positive: dt_proj's output goes through a softplus":
                                    _block_oracle(blk, u, softplus_at="none"),
-                               "the gate is missing: multiply y by silu(z) before out_proj":
+                               "the gate is missing: the scan's output is gated by silu(z) before out_proj":
                                    _block_oracle(blk, u, gate=False),
                                "the causal conv1d (then SiLU) comes before x_proj":
                                    _block_oracle(blk, u, conv=False)})
@@ -282,7 +282,7 @@ def mamba_step(your_mamba_step):
                  mistakes={"the D skip is missing from the step: y = C·h + D * x": _block_oracle(blk, u, skip=False),
                            "you forgot the exp: the state decays by exp(delta * A)":
                                _block_oracle(blk, u, a_of=lambda d, A: d * A),
-                           "the conv sees only the current input: keep the last K-1 inputs in conv_state":
+                           "the conv sees only the current input: the conv state carries the inputs before it":
                                _conv_only_now(blk, u)})
     return "a random block, step by step over a sequence"
 

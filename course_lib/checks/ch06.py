@@ -6,6 +6,8 @@ padding, so a kernel that reads past its operand reads wrong numbers instead of 
 and a kernel that writes past its output is caught.
 """
 
+import types
+
 import numba
 import numpy as np
 from numba import njit
@@ -27,12 +29,77 @@ def _combine(x, y):
     return 2.0 * x - y * y
 
 
-def _compiled(fn, name, parallel=False):
+def _compiled(fn, name, parallel=False, serial=False):
     require(hasattr(fn, "py_func"), f"`{name}` is a plain Python function, not a compiled kernel.",
             hint=f"decorate it with @njit{'(parallel=True)' if parallel else ''}.")
     if parallel:
         require(fn.targetoptions.get("parallel", False), f"`{name}` is compiled without parallel=True.",
                 hint="use @njit(parallel=True) and loop over the independent work with prange.")
+    if serial:
+        require(not fn.targetoptions.get("parallel", False),
+                f"`{name}` is compiled with parallel=True; this kernel runs on one core, a plain @njit: the "
+                "backend already spreads its calls over the threads.")
+
+
+def _diagnostics(fn, signature):
+    """Numba's parfor diagnostics of `fn` compiled for `signature`. A version loaded from Numba's disk cache
+    keeps none, so then a fresh copy (never cached) is compiled for the same types."""
+    try:
+        metadata = fn.get_metadata(signature) or {}
+    except (KeyError, TypeError, AttributeError):
+        metadata = {}
+    if metadata.get("parfor_diagnostics") is None:
+        options = {k: v for k, v in fn.targetoptions.items() if k not in ("cache", "nopython")}
+        fresh = numba.njit(**options)(fn.py_func)
+        fresh.compile(signature)
+        metadata = fresh.get_metadata(fresh.signatures[0]) or {}
+    return metadata.get("parfor_diagnostics")
+
+
+def _prange_loops(fn):
+    """How many prange loops Numba turned into parallel loops in the versions of `fn` compiled so far
+    (its own diagnostics, whatever the number of cores)."""
+    found = 0
+    for signature in fn.signatures:
+        for parfor in getattr(_diagnostics(fn, signature), "initial_parfors", None) or []:
+            found += any(pattern[0] == "prange" for pattern in parfor.patterns if isinstance(pattern, tuple))
+    return found
+
+
+def _runs_in_parallel(fn, name):
+    """The property of a parallel kernel, checked on the compiled code rather than on a clock: Numba made
+    at least one of its loops a parallel loop."""
+    require(_prange_loops(fn) > 0,
+            f"`{name}` computes the right numbers, but none of its loops runs in parallel: it is compiled with "
+            "parallel=True, yet Numba found no prange loop it could run in parallel (a prange it cannot split "
+            "runs as a plain loop, with a NumbaPerformanceWarning that says why).",
+            hint="a loop runs in parallel only when it is a prange, and the kernel's independent work (one "
+                 "output element, or one row) is what prange should split.")
+
+
+def _with_globals(fn, **replaced):
+    """A compiled copy of the learner's kernel `fn` in which the global names given are bound to other
+    objects, the check's instruments; the learner's own kernel and module are left as they were."""
+    py = fn.py_func
+    scope = dict(py.__globals__, **replaced)
+    copy = types.FunctionType(py.__code__, scope, py.__name__, py.__defaults__, py.__closure__)
+    options = {k: v for k, v in fn.targetoptions.items() if k not in ("cache", "nopython")}  # not the cached build
+    return numba.njit(**options)(copy)
+
+
+@njit
+def _row_start_position(ordinal, shape, strides, offset):
+    """position() that answers right only at the start of a row (an ordinal that is a multiple of the last
+    dim): anywhere else it gives the row's start. A copy that finds one position per row cannot tell."""
+    n = shape[len(shape) - 1] if len(shape) else 1
+    start = np.int64(ordinal) - (np.int64(ordinal) % n if n else 0)
+    found = offset
+    for d in range(len(shape)):
+        after = 1                                   # the elements one step of dim d skips
+        for e in range(d + 1, len(shape)):
+            after *= shape[e]
+        found += ((start // after) % shape[d]) * strides[d] if after else 0
+    return found
 
 
 class View:
@@ -128,14 +195,13 @@ def softplus(your_softplus):
         patched = np.where(x > 709, x, np.log(1 + np.exp(np.minimum(x, 709))))
         cut_off = np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
     assert_close(out, np.logaddexp(0, x), what="out", rtol=1e-12, atol=1e-300, inputs={"x": x},
-                 mistakes={"log(1 + exp(x)) overflows for x above about 709: write it as "
-                           "max(x, 0) + log1p(exp(-|x|))": naive,
+                 mistakes={"log(1 + exp(x)) overflows for x above about 709: the stable form never hands exp "
+                           "a large positive number": naive,
                            "below about -37 you return 0, where softplus is exp(x), tiny but not 0: "
-                           "log(1 + y) loses a tiny y (1 + y rounds to 1). Use log1p(y), as in "
-                           "max(x, 0) + log1p(exp(-|x|))": patched,
+                           "log(1 + y) loses a tiny y (1 + y rounds to 1), which log1p keeps": patched,
                            "returning x for x > 20 is off by log1p(exp(-x)), which float64 still sees up to "
-                           "x of about 37: use max(x, 0) + log1p(exp(-|x|)) for every x": cut_off,
-                           "you dropped the max(x, 0) term: softplus(x) = max(x, 0) + log1p(exp(-|x|))":
+                           "x of about 37: the stable form is exact for every x, with no cut-off": cut_off,
+                           "you dropped the max(x, 0) term of the stable form: it carries the size of a large x":
                            np.log1p(np.exp(-np.abs(x)))})
     return (f"{x.size:,} values: {SOFTPLUS_FIXED.size} fixed ones in every branch (up to 1e4 and down to "
             f"-1e4) and random ones")
@@ -160,14 +226,14 @@ def position(your_position):
                      mistakes={"you ignored the strides: those are the positions of a contiguous array":
                                np.arange(size) + v.offset,
                                "you forgot the offset": expected - v.offset,
-                               "the last dim should move fastest: peel dims off the ordinal from the last one":
+                               "the last dim should move fastest: row-major order":
                                _column_major(v)})
         n += 1
     p = your_position(np.uint64(size - 1), shape, strides, v.offset)
     require(isinstance(p, (int, np.integer)),
             f"called with an unsigned ordinal, as a prange loop index is (np.uint64), position returned "
             f"{fmt(p)} of type {type(p).__name__}, not an integer, so it cannot index an array.",
-            hint="Numba types uint64 mixed with int64 as float64: start with ordinal = np.int64(ordinal).")
+            hint="Numba types uint64 mixed with int64 as float64, which is why the exercise starts from a signed ordinal.")
     return f"every element of {n} random views (contiguous, permuted, sliced), and an unsigned ordinal"
 
 
@@ -177,7 +243,8 @@ def _run_map(strided_map, a, out):
     before = out.buffer.copy()
     strided_map(_wiggle, out.storage, _ints(out.shape), out.strides, a.storage, a.strides)
     require(out.padding_intact(before), f"your map wrote outside its output view (a {out.kind} view "
-            f"of shape {out.shape}).", hint="write only to position(i, out_shape, out_strides, 0).")
+            f"of shape {out.shape}).",
+            hint="every write must land on an element of the output view, found through its own strides.")
 
 
 @exercise
@@ -194,11 +261,12 @@ def strided_map(your_strided_map):
         assert_close(out.numpy(), x**3 - 2 * x, what=f"out (a {out_kind} view) from a {a_kind} input",
                      rtol=1e-12, atol=1e-12, inputs={"shape": shape, "a_strides": tuple(a.strides),
                                                      "out_strides": tuple(out.strides)},
-                     mistakes={"you read a as if it were contiguous: use a_strides to find a[i]":
+                     mistakes={"you read a as if it were contiguous: a has strides of its own":
                                (lambda f: f**3 - 2 * f)(a.storage[:x.size].reshape(shape))},
-                     hint="find both positions from the same ordinal i: position(i, out_shape, out_strides, 0) "
-                          "and position(i, out_shape, a_strides, 0).")
-    return f"{len(cases)} random views: contiguous, permuted and sliced inputs and outputs"
+                     hint="the same ordinal names the same element in both views, each found through that view's "
+                          "own strides.")
+    _runs_in_parallel(your_strided_map, "strided_map")
+    return f"{len(cases)} random views: contiguous, permuted and sliced inputs and outputs, in a prange loop"
 
 
 # ---- 4. zip with broadcasting ---------------------------------------------------------------
@@ -242,7 +310,7 @@ def strided_zip(your_strided_zip):
         your_strided_zip(_combine, out.storage, _ints(out_shape), out.strides, a.storage, _ints(a.shape), a.strides,
                     b.storage, _ints(b.shape), b.strides)
         require(out.padding_intact(before), "your zip wrote outside its output.",
-                hint="loop over the output's ordinals only: range(size of out_shape).")
+                hint="the loop runs over the output's elements, and no further.")
         x, y = np.broadcast_to(a.numpy(), out_shape), np.broadcast_to(b.numpy(), out_shape)
         assert_close(out.numpy(), 2 * x - y * y, what=f"out for a of shape {a.shape} and b of shape {b.shape}",
                      rtol=1e-12, atol=1e-12,
@@ -251,15 +319,44 @@ def strided_zip(your_strided_zip):
                      hint=None if what == "same" else
                      "broadcasting: align the shapes on the right; a dim of size 1, or a dim a shape lacks, "
                      "always reads index 0 (it adds nothing to the position).")
+    _runs_in_parallel(your_strided_zip, "strided_zip")
     return (f"{len(cases) - len(ZIP_FIXED)} random cases (strided views of one shape, broadcast shapes) "
-            f"and {len(ZIP_FIXED)} fixed ones where operands of lower rank must align on the right")
+            f"and {len(ZIP_FIXED)} fixed ones where operands of lower rank must align on the right, in a prange loop")
 
 
 # ---- 5. reduce along a dimension ------------------------------------------------------------
 
-_RACE = ("a race: several threads read-modify-write the same output element and lose updates. Make "
-         "prange run over the OUTPUT elements, each with its own local accumulator, and keep the loop "
-         "over the reduced dim serial.")
+_RACE = ("a race: several threads read-modify-write the same output element and lose updates. Each "
+         "output element needs a thread of its own and an accumulator of its own; the loop over the "
+         "reduced dim cannot be split among threads.")
+
+
+def _calling_the_kernel(your_sum_dim, your_sum_kernel):
+    """Your sum_dim, run with your kernel's calls counted (the name your code calls it by points, for the
+    length of each call, at a counter that calls it): its sums must come from the kernel."""
+    calls = []
+
+    def counted(*args):
+        calls.append(1)
+        return your_sum_kernel(*args)
+    scope = getattr(getattr(your_sum_dim, "py_func", your_sum_dim), "__globals__", {})
+    names = [name for name, value in scope.items() if value is your_sum_kernel]
+
+    def run(*args):
+        before = len(calls)
+        for name in names:
+            scope[name] = counted
+        try:
+            result = your_sum_dim(*args)
+        finally:
+            for name in names:
+                scope[name] = your_sum_kernel
+        require(len(calls) > before,
+                "your sum_dim returned its sums without calling your sum_kernel: the sums must come from the "
+                "parallel kernel, which is what this exercise writes.",
+                hint="sum_dim only prepares the output, runs the kernel on it and reshapes the result.")
+        return result
+    return run
 
 
 @exercise
@@ -267,6 +364,7 @@ def sum_dim(your_sum_dim, your_sum_kernel):
     """sum_dim(a, shape, strides, dim) -> a fresh array of shape with shape[dim] = 1 (keepdim),
     computed by the parallel kernel sum_kernel(out, out_shape, a, a_strides, dim, n)."""
     _compiled(your_sum_kernel, "sum_kernel", parallel=True)
+    your_sum_dim = _calling_the_kernel(your_sum_dim, your_sum_kernel)
     cases = [("permuted", 3, 1), ("sliced", 3, 0), ("contiguous", 2, 1), ("permuted", 4, 3), ("sliced", 1, 0),
              ("broadcast", 3, 1), ("broadcast", 2, 0)]
     for kind, ndim, dim in cases:
@@ -285,8 +383,8 @@ def sum_dim(your_sum_dim, your_sum_kernel):
                                f"shape with shape[dim] = 1": x.sum(axis=dim),
                                "you ignored the strides: that is the sum of a contiguous array":
                                v.as_if_contiguous().sum(axis=dim, keepdims=True)},
-                     hint="each output sums one line of a: it starts at position(i, out_shape, strides) and "
-                          "steps by strides[dim]. If prange runs over the reduced dim, this may be " + _RACE)
+                     hint="each output sums one line of a, along dim, read through a's strides. If prange runs "
+                          "over the reduced dim, this may be " + _RACE)
         # The kernel on its own, so the sums must come from it (not from numpy in sum_dim).
         out_shape = _ints(v.shape)
         out_shape[dim] = 1
@@ -306,7 +404,9 @@ def sum_dim(your_sum_dim, your_sum_kernel):
         assert_close(yours, expected, what=f"run {run + 1} of 3 of a sum over a long dim (shape (2, 300001))",
                      rtol=1e-9, atol=1e-9,
                      hint=_RACE)
-    return f"{len(cases)} random strided views (2 with broadcast dims), and a long sum run 3 times to catch races"
+    _runs_in_parallel(your_sum_kernel, "sum_kernel")
+    return (f"{len(cases)} random strided views (2 with broadcast dims), and a long sum run 3 times to catch races, "
+            "by your kernel in a prange loop")
 
 
 # ---- 6. the parallel matmul -----------------------------------------------------------------
@@ -334,7 +434,8 @@ def matmul(your_matmul):
                          hint=("if the loops are right, look at which one prange splits: over k it is "
                                if run == 0 else "this product was right on an earlier run: ")
                          + _RACE.replace("reduced dim", "k dim"))
-    return f"4 random odd sizes, one with a long k, one operand transposed, each run {repeats} times"
+    _runs_in_parallel(your_matmul, "matmul")
+    return f"4 random odd sizes, one with a long k, one operand transposed, each run {repeats} times, in a prange loop"
 
 
 # ---- 7. flat kernels for contiguous operands ------------------------------------------------------
@@ -366,15 +467,16 @@ def _padded(size):
 @exercise
 def flat_kernels(your_flat_map, your_flat_zip):
     """flat_map(fn, out, a): out[i] = fn(a[i]); flat_zip(fn, out, cols, a, a_row, a_spread, b, b_row, b_spread)."""
-    _compiled(your_flat_map, "flat_map")
-    _compiled(your_flat_zip, "flat_zip")
+    _compiled(your_flat_map, "flat_map", serial=True)
+    _compiled(your_flat_zip, "flat_zip", serial=True)
     for size in (1, int(rng().integers(2, 40)), 4097 + int(rng().integers(0, 50))):
         _, a = _padded(size)
         out_buffer, out = _padded(size)
         before = out_buffer.copy()
         your_flat_map(_wiggle, out, a)
         require(np.array_equal(out_buffer[:PAD], before[:PAD]) and np.array_equal(out_buffer[-PAD:], before[-PAD:]),
-                f"your flat_map wrote outside its output (of {size} elements).", hint="loop over range(out.size).")
+                f"your flat_map wrote outside its output (of {size} elements).",
+                hint="the loop runs over out's elements, and no further.")
         assert_close(out, a**3 - 2 * a, what=f"flat_map's out ({size} elements)", rtol=1e-12, atol=1e-12)
     kinds = list(LAYOUTS.values())
     pairs = [("full", "full"), ("full", "row"), ("column", "full"), ("one", "row"), ("row", "column"),
@@ -389,7 +491,7 @@ def flat_kernels(your_flat_map, your_flat_zip):
         your_flat_zip(_combine, out, cols, a, a_row, a_spread, b, b_row, b_spread)
         require(np.array_equal(out_buffer[:PAD], before[:PAD]) and np.array_equal(out_buffer[-PAD:], before[-PAD:]),
                 f"your flat_zip wrote outside its output ({rows} rows of {cols}).",
-                hint="row r of the output is out[r * cols:(r + 1) * cols], for r in range(out.size // cols).")
+                hint="the output has out.size // cols rows of cols numbers, and no more.")
         x, y = _read(a, a_row, a_spread, rows, cols), _read(b, b_row, b_spread, rows, cols)
         name = {v: k for k, v in LAYOUTS.items()}
         assert_close(out.reshape(rows, cols), 2 * x - y * y,
@@ -397,9 +499,8 @@ def flat_kernels(your_flat_map, your_flat_zip):
                      rtol=1e-12, atol=1e-12,
                      inputs={"a_row": a_row, "a_spread": a_spread, "b_row": b_row, "b_spread": b_spread},
                      mistakes={"a and b are swapped: out = fn(a's number, b's number)": 2 * y - x * x},
-                     hint="row r of an operand starts at r * row_step (not r * cols: only an operand of the "
-                          "output's shape has rows that long); inside the row, read at the column if it is "
-                          "spread, else at 0.")
+                     hint="an operand's part of row r starts r * row_step in (only an operand of the output's "
+                          "shape has rows cols long), and inside the row only a spread operand moves.")
     return f"flat_map on 3 sizes; flat_zip on {len(pairs)} pairs of the four cases (a row, a column, one number, full)"
 
 
@@ -489,17 +590,28 @@ def strided_copy(your_strided_copy):
         before = out.buffer.copy()
         your_strided_copy(out.storage, _ints(out.shape), out.strides, a.storage, a.strides)
         require(out.padding_intact(before), f"your copy wrote outside its output view (a {out_kind} view of shape "
-                f"{out.shape}).", hint="write only at positions of the output view: row starts from position(), "
-                "then steps of out_strides[-1].")
+                f"{out.shape}).", hint="every write must land on an element of the output view, found through its own strides.")
         assert_close(out.numpy(), a.numpy(), what=f"the copy into a {out_kind} view of a {a_kind} view", atol=0,
                      rtol=0, inputs={"shape": shape, "a_strides": tuple(a.strides), "out_strides": tuple(out.strides)},
-                     mistakes={"you read a as if it were contiguous: use a_strides": a.as_if_contiguous()},
-                     hint="row r starts at ordinal r * out_shape[-1]: its place in each view comes from position() "
-                          "with that view's strides; then step along the row by each view's last stride.")
+                     mistakes={"you read a as if it were contiguous: a has strides of its own": a.as_if_contiguous()},
+                     hint="a row's start is a position in each view, through that view's strides; along the row, "
+                          "each view moves by its own last stride.")
     for shape in ((3, 0), (0, 4)):                  # nothing to copy, nothing to divide by
         out = View(shape, "contiguous")
         your_strided_copy(out.storage, _ints(shape), out.strides, View(shape, "contiguous").storage, out.strides)
-    return f"{len(cases)} random pairs of views (permuted, sliced, broadcast), and two empty shapes"
+    # The property: a position per row, not per element. Your kernel, recompiled with a position() that
+    # is right only at a row's start, must still copy right.
+    if "position" in your_strided_copy.py_func.__code__.co_names:
+        per_row = _with_globals(your_strided_copy, position=_row_start_position)
+        shape = _odd_shape(3)
+        a, out = View(shape, "permuted"), View(shape, "sliced")
+        per_row(out.storage, _ints(shape), out.strides, a.storage, a.strides)
+        require(np.array_equal(out.numpy(), a.numpy()),
+                "your copy asks position() for elements inside a row: it computes a position for every element, "
+                "as strided_map does, where one per row is all the copy needs.",
+                hint="inside a row, the next element of each view is that view's last stride further on.")
+    return (f"{len(cases)} random pairs of views (permuted, sliced, broadcast), two empty shapes, and one "
+            "position per row")
 
 
 # ---- 10. sums down the columns --------------------------------------------------------------------
@@ -583,6 +695,6 @@ def blas_matmul(your_blas_matmul):
     require(extra < operand // 2,
             f"multiplying a (48, 400) view by a transposed (400, 40) view allocated {extra:,} bytes beyond the "
             f"result: a copy of an operand ({operand:,} bytes). gemm reads a transposed matrix in place.",
-            hint="make numpy views of the storages with the given strides (in bytes) and hand them to np.matmul "
-                 "as they are; no ascontiguousarray, copy or reshape on the way.")
+            hint="numpy can read a storage through strides of your choosing; anything that makes an operand "
+                 "contiguous on the way copies it.")
     return f"{len(cases)} pairs of strided views with broadcast batch dims, float32 and float64, and no copy of x @ w.T"

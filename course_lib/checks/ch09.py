@@ -163,8 +163,8 @@ def softmax(your_softmax):
     apart = (rng().uniform(-1, 1, size=(3, 5)) + np.array([[0.0], [-500.0], [300.0]])).astype(F32)
     expected = torch.softmax(torch.tensor(apart, dtype=torch.float64), dim=-1).numpy()
     assert_close(your_softmax(apart, axis=-1), expected, what="softmax of rows 500 apart", rtol=1e-5, atol=1e-6,
-                 hint="subtract the max along `axis` with keepdims=True (one max per row), not the max of "
-                      "the whole tensor: rows far below it underflow to 0 and divide 0 by 0.")
+                 hint="each row needs its own max along `axis`, not the max of the whole tensor: rows far "
+                      "below it underflow to 0 and divide 0 by 0.")
     return "axes -1, 0, 1, 2 of a random 3-D tensor, and large values"
 
 

@@ -838,7 +838,7 @@ def adamw(your_param_groups, your_AdamW):
 
 @exercise
 def lr_schedule(your_lr_at):
-    """lr_at(it, cfg): warmup then cosine, as chapter 04's lr_at."""
+    """lr_at(it, cfg): warmup then cosine, chapter 04's schedule (its own formula here, over all steps at once)."""
     cases = []
     for warmup in (int(rng().integers(2, 9)), 1):
         decay = warmup + int(rng().integers(5, 30))
@@ -847,8 +847,11 @@ def lr_schedule(your_lr_at):
     for cfg in cases:
         its = list(range(cfg.lr_decay_iters + 5))
         yours = np.array([your_lr_at(it, cfg) for it in its], dtype=np.float64)
-        want = np.array([trainer.lr_at(it, cfg) for it in its])
         w, d = cfg.warmup_iters, cfg.lr_decay_iters
+        steps = np.array(its, dtype=np.float64)
+        share = np.clip((steps - w) / (d - w), 0.0, 1.0)          # how far down the cosine, 0 to 1
+        want = np.where(steps < w, cfg.lr * (steps + 1) / w,
+                        cfg.min_lr + (cfg.lr - cfg.min_lr) * (1.0 + np.cos(np.pi * share)) / 2)
         progress = lambda it: (it - w) / (d - w)    # noqa: E731
         mistakes = {
             "the warmup is one step late: step 0 already trains, with its share of the rate, and the last warmup "

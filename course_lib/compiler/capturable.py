@@ -1,15 +1,17 @@
 """What a compiled step asks of the code it captures: no Python numbers that change, no values read mid-step.
 
-Chapter 12's training step (`gpt.trainer.train_step` on the course's library) does both, as eager code may:
+Chapter 12's training step (`gpt.trainer.train_step` on the capstone's library, `capstone.COURSE`) reads
+values mid-step, as eager code may:
 
-- `optim.AdamW` keeps its step count t as a Python int and bakes 1 - b1**t into each step, and a
-  training loop sets `optimizer.lr` to a new float at each step: a replay would repeat the first call's
-  numbers. Here they live in tensors (as torch's `capturable=True` optimizers keep theirs): the step count
-  is a 0-d tensor of the optimizer's state, counted up by the step itself, and `lr` is a 0-d tensor that
-  setting `optimizer.lr = value` fills in place, between calls.
-- `optim.clip_grad_norm_` reads the norm with `.item()` and tests it in Python: a graph break.
-  `clip_grad_norm` computes the same scale with tensor ops, min(1, max_norm / (norm + 1e-6)), and
+- its `clip_grad_norm` reads the global norm with `float()` and tests it in Python: a graph break.
+  `clip_grad_norm` below computes the same scale with tensor ops, min(1, max_norm / (norm + 1e-6)), and
   always multiplies by it (by exactly 1.0 when the norm is small, which changes nothing).
+- its AdamW computes the update in numpy (chapter 02's `adam_step`), reading every parameter mid-step. And
+  an Adam written with the library's ops, `optim.AdamW`, keeps its step count t as a Python int and bakes
+  1 - b1**t into each step, and a schedule gives it a new float lr at each step: a replay would repeat the
+  first call's numbers. `AdamW` below keeps them in tensors (as torch's `capturable=True` optimizers keep
+  theirs): the step count is a 0-d tensor of the optimizer's state, counted up by the step itself, and
+  `lr` is a 0-d tensor that `set_lr` fills in place, between calls.
 
 `CAPTURABLE` is the course's library with these in place of the eager ones: the `Library` that chapter 04's
 recipe takes, so the step a compiler captures is the recipe's own,

@@ -1,7 +1,7 @@
 """The embedding's two ops as kernels: gather rows (forward) and scatter-add rows (backward).
 
-The library's Embedding works in numpy (`weight.numpy()[idx]`, `np.add.at`), outside the backend, so the
-tracer sees it as an island. For that one op it knows better: the forward is `out[i] = weight[idx[i]]`, the
+Chapter 12's fused Embedding (the capstone GPT's) works in numpy (`weight[idx]`, `np.add.at`), outside the
+backend, so the tracer would see it as an island. For that one op it knows better: the forward is `out[i] = weight[idx[i]]`, the
 backward adds each position's gradient row into the row of its token, in the order of the positions (as
 np.add.at does, so the sums round alike). Both check their indices, as numpy does.
 """

@@ -98,7 +98,7 @@ class CompiledStep:
                                 "on the data; compute it with tensor ops, or call it outside the compiled step", result)
         for node in graph.nodes:
             if node.kind == "island":
-                self.say(f"{node.attrs['fn'].__qualname__}.{node.attrs['phase']} works outside the backend "
+                self.say(f"{node.scope} works outside the backend "
                          f"({describe_where(node.where)}): it runs as Python inside the compiled step")
         previous = self.pending
         if previous is None or self.pieces.guard(previous[0], args) is not None:

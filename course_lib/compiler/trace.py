@@ -79,9 +79,18 @@ def where_from(depth=2, frames=2):
         code = frame.f_code
         if not _is_plumbing(os.path.abspath(code.co_filename)) and \
                 (not found or code.co_filename != found[-1][0]):
-            found.append((code.co_filename, frame.f_lineno, code.co_name))
+            found.append((code.co_filename, frame.f_lineno, _function_of(code)))
         frame = frame.f_back
     return tuple(found)
+
+
+def _function_of(code):
+    """The name of the function a line is in: for a generator expression or a comprehension
+    (`<genexpr>`), the function that holds it (its qualified name says which: `f.<locals>.<genexpr>`)."""
+    if not code.co_name.startswith("<") or code.co_name == "<module>":
+        return code.co_name
+    named = [part for part in code.co_qualname.split(".<locals>.") if not part.startswith("<")]
+    return named[-1].rsplit(".", 1)[-1] if named else code.co_name
 
 
 def describe_where(where):
@@ -193,6 +202,12 @@ def tracing(tracer):
 
 # ---- the tracer ---------------------------------------------------------------------------------------
 
+def op_name(fn):
+    """The name of a library op in the messages and pictures: its class's, or the `label` of a Function that
+    stands in for a registry op (chapter 12's assembly names each adapter by the op it runs: "MatMul")."""
+    return getattr(fn, "label", None) or fn.__name__
+
+
 class Scope:
     """A library op being watched: its Function, forward or backward, and what it was given."""
 
@@ -203,7 +218,7 @@ class Scope:
 
     @property
     def name(self):
-        return f"{self.fn.__name__}.{self.phase}"
+        return f"{op_name(self.fn)}.{self.phase}"
 
 
 def tensors_in(value, out, depth=0):
@@ -220,19 +235,14 @@ def tensors_in(value, out, depth=0):
     return out
 
 
-LIBRARY = {"Embedding": capstone_functions.Embedding, "CrossEntropy": F.CrossEntropy}   # the course's (a learner's swap aside)
-
-
-def _routed(fn):
-    """The Function that `fn` runs: fn itself, or the one named `inner` by a Function that only routes the
-    calls of another (chapter 12's assembly routes each op through its meter: ch12_capstone.Routed)."""
-    inner = getattr(fn, "inner", None)
-    return inner if isinstance(inner, type) else fn
+# The ops the tracer knows by their meaning rather than by their backend calls: chapter 12's fused Embedding
+# (numpy inside, as the capstone GPT installs it), lowered to index kernels, and the library's CrossEntropy,
+# whose one-hot targets it makes from the step's integer input.
+LIBRARY = {"Embedding": capstone_functions.Embedding, "CrossEntropy": F.CrossEntropy}
 
 
 def _is(fn, library_fn):
-    """fn is the library's op, or a subclass that keeps its forward (and so its meaning), or routes it."""
-    fn = _routed(fn)
+    """fn is that op, or a subclass that keeps its forward (and so its meaning)."""
     return isinstance(fn, type) and issubclass(fn, library_fn) and fn.forward is library_fn.forward
 
 
@@ -358,7 +368,7 @@ class Tracer:
         self.dropped |= inner
         first = next((r for r in outs_refs if r is not None), None)
         kwargs = {k: self.argument(v) for k, v in scope.kwargs.items()}
-        node = Node(len(self.nodes), "island", scope.fn.__name__, refs, first,
+        node = Node(len(self.nodes), "island", op_name(scope.fn), refs, first,
                     dict(fn=scope.fn, phase=scope.phase, kwargs=kwargs, outs=outs_refs, made=made, tensors=len(refs)),
                     scope.name, where_from(3, 1))
         for r, m in zip(outs_refs, made):
@@ -378,9 +388,9 @@ class Tracer:
         self.nodes.append(node)
 
     def lower_embedding(self, scope, outs):
-        """The library's Embedding as a gather node (forward) and a scatter-add node (backward, if it is
-        the library's), instead of islands; False where the layouts are not the plain ones."""
-        fn = _routed(scope.fn)
+        """Chapter 12's Embedding as a gather node (forward) and a scatter-add node (backward, if it is
+        chapter 12's too), instead of islands; False where the layouts are not the plain ones."""
+        fn = scope.fn
         library = LIBRARY["Embedding"]
         if not _is(fn, library) or (scope.phase == "backward" and fn.backward is not library.backward):
             return False

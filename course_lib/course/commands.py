@@ -11,6 +11,8 @@
     course stage DIR          (course authors) a workspace in DIR with the lessons and solved exercises
     course execute PATH...    (course authors) re-run notebooks in place (solutions/ as a learner would)
     course new SCRIPT OUT     (course authors) a notebook from a percent-format script
+    course serve [--port N]   chapter 14's GPT behind an OpenAI-compatible server on 127.0.0.1
+                              (its options: `course serve --help`; course_lib/serve/cli.py)
 """
 
 import argparse
@@ -162,6 +164,12 @@ def cmd_lab(args):
 
 # Every command but `new` reads the course's notebooks or writes beside them, so it needs the course's
 # folder (a clone); a library that pip installed alone (a wheel, Colab) has none.
+def cmd_serve(args):
+    from course_lib.serve.cli import main as serve  # its options are its own
+
+    return serve(args.extra)
+
+
 NEEDS_CHECKOUT = {"status", "check", "reset", "sync", "setup", "lab", "build", "stage", "execute"}
 
 
@@ -207,10 +215,11 @@ def main(argv=None):
     q.add_argument("out")
     q.set_defaults(fn=cmd_new)
     sub.add_parser("lab", help="extra arguments go to jupyter lab").set_defaults(fn=cmd_lab)
+    sub.add_parser("serve", add_help=False, help="options: course serve --help").set_defaults(fn=cmd_serve)
     args, extra = p.parse_known_args(argv)
-    if extra and args.cmd != "lab":
+    if extra and args.cmd not in ("lab", "serve"):
         p.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.jupyter_args = extra
+    args.jupyter_args = args.extra = extra
     # the command line's own start; a call from Python (the tests) counts from here
     args.started = STARTED if argv is None else time.monotonic()
     if args.cmd in NEEDS_CHECKOUT and not CHECKOUT:

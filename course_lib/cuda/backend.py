@@ -20,7 +20,7 @@ What makes it fast is what it does not do:
 
 Strided and broadcast operands take the general path: a thread turns its row-major ordinal in the
 output into a storage position for each operand with that operand's own strides (stride 0 for a
-broadcast dim), with chapter 02's `position` compiled for the GPU.
+broadcast dim), with chapter 06's `position` (fast/position.py) compiled for the GPU.
 
 One kernel per op name, compiled on first use around that op's scalar function in
 tensor/scalar_ops.py (which never raises, so the simulator gives inf and nan where a GPU does).
@@ -32,9 +32,11 @@ import numpy as np
 
 from course_lib import device
 from course_lib.cuda.memory import POOL, DeviceStorage
-from course_lib.tensor import scalar_ops, tensor_data
+from course_lib.fast import position as positions
+from course_lib.tensor import scalar_ops
 from course_lib.tensor.backend import Backend
-from course_lib.tensor.tensor_data import TensorData, shape_broadcast
+from course_lib.tensor.broadcast import shape_broadcast
+from course_lib.tensor.tensor_data import TensorData
 
 device.setup(verbose=False)
 from numba import cuda, float32, float64, int32  # noqa: E402  (after the device is chosen)
@@ -44,8 +46,8 @@ THREADS = 8 if SIMULATED else 256            # threads per block of the elementw
 MAX_BLOCKS = 1 if SIMULATED else 2048        # more elements than threads: each thread loops (grid stride)
 
 #: Storage position of element `ordinal` (row-major over `shape`) of a strided view: the very
-#: function in tensor_data.py, compiled for the GPU.
-position = cuda.jit(device=True)(tensor_data.position)
+#: function of fast/position.py, compiled for the GPU.
+position = cuda.jit(device=True)(positions.position)
 
 
 def _config(size):

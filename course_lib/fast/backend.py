@@ -27,8 +27,9 @@ from course_lib.fast.ops import map_kernel, reduce_kernel, where_kernel, zip_ker
 from course_lib.fast.plans import run_shape, strides
 from course_lib.fast.pool import set_threads
 from course_lib.tensor.backend import Backend
+from course_lib.tensor.broadcast import shape_broadcast
 from course_lib.tensor.scalar_ops import MAP_CODE, REDUCE_CODE, ZIP_CODE
-from course_lib.tensor.tensor_data import TensorData, shape_broadcast
+from course_lib.tensor.tensor_data import TensorData
 
 
 class NumbaBackend(Backend):

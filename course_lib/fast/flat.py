@@ -58,7 +58,9 @@ def part(kind, a, r, base, width):
 
 
 def kind(shape, out_shape):
-    """FULL, ROW, COL or ONE: how a contiguous operand of `shape` is read when broadcast to `out_shape`
+    """The course's answer to exercise 06.8 (`row_layout`): read it once your check passes.
+
+    FULL, ROW, COL or ONE: how a contiguous operand of `shape` is read when broadcast to `out_shape`
     (None: none of these); a ROW is any block of the output's trailing dims, (T, C) in (B, T, C)."""
     size = math.prod(shape)
     if size == 1:
@@ -92,7 +94,9 @@ def plan(out_shape, *shapes):
 
 @functools.cache
 def flat_map(op, parallel=False):
-    """A kernel out[i] = unary(op, a[i]) for contiguous out and a of the same size, in rows of `cols`."""
+    """The course's answer to exercise 06.7 (`flat_kernels`): read it once your check passes.
+
+    A kernel out[i] = unary(op, a[i]) for contiguous out and a of the same size, in rows of `cols`."""
     loop = prange if parallel else range
 
     @njit(parallel=parallel, **JIT)
@@ -109,7 +113,9 @@ def flat_map(op, parallel=False):
 
 @functools.cache
 def flat_zip(op, a_kind, b_kind, parallel=False):
-    """A kernel out = binary(op, a, b) for the contiguous out, read as rows of `cols`; a and b by their kinds."""
+    """The course's answer to exercise 06.7 (`flat_kernels`): read it once your check passes.
+
+    A kernel out = binary(op, a, b) for the contiguous out, read as rows of `cols`; a and b by their kinds."""
     a_spread, b_spread = a_kind in (FULL, ROW), b_kind in (FULL, ROW)  # one element per j, or one per row
     loop = prange if parallel else range
 
@@ -160,7 +166,9 @@ WIDE = 1024  # outputs per block in flat_reduce_inner: 8 KB of float64 accumulat
 
 @functools.cache
 def flat_reduce_inner(op, parallel=False):
-    """A kernel for a reduction over a dim that is not the last, of a contiguous a read as
+    """The course's answer to exercise 06.10 (`sum_columns`): read it once your check passes.
+
+    A kernel for a reduction over a dim that is not the last, of a contiguous a read as
     (outer, n, inner): out[o, i] = fold(op) over k of a[o, k, i] (a bias's gradient sums a (rows, m)
     gradient over its rows: outer 1, n rows, inner m).
 

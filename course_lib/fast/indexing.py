@@ -3,7 +3,7 @@
 A view is (storage, offset, shape, strides): element `index` sits at
 `storage[offset + sum(index[d] * strides[d])]`. The kernels walk their output in row-major
 order, one ordinal 0 .. size-1 at a time, and need the storage position of that ordinal in
-every operand. `position` (tensor_data.py's, compiled here) computes it with one divide per
+every operand. `position` (position.py's, compiled here) computes it with one divide per
 dimension and no temporary index array; it is small, so LLVM inlines it into the kernels' loops.
 
 Broadcasting needs no special case in the kernels: `broadcast_strides` gives a smaller
@@ -19,12 +19,12 @@ import math
 import numpy as np
 from numba import njit
 
-from course_lib.tensor import tensor_data
+from course_lib.fast import position as positions
 from course_lib.tensor.tensor_data import TensorData
 
 #: Row-major ordinal over `shape` -> position in storage of the view (strides, offset): the very
-#: function in tensor_data.py, compiled for the CPU.
-position = njit(cache=True)(tensor_data.position)
+#: function of position.py, compiled for the CPU.
+position = njit(cache=True)(positions.position)
 
 
 def broadcast_strides(shape, strides, out_shape):

@@ -65,6 +65,7 @@ def block4x4(C, A, Bt, i, j, k):
 
 @njit(parallel=True, fastmath=_MATH, cache=True)
 def matmul_kernel(out, a, bt, batch_shape, a_batch_strides, b_batch_strides, ti):
+    """The course's answer to exercise 06.6 (`matmul`): read it once your check passes."""
     """out[t] = a[pa(t)] @ bt[pb(t)].T for every matrix t of the batch, in tasks of `ti` rows.
 
     out: (batch, n, m), a: (batch_a, n, k), bt: (batch_b, m, k) (B transposed), all

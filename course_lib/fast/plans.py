@@ -27,8 +27,8 @@ from course_lib.fast.adam import fused_adam
 from course_lib.fast.flat import BLOCK, flat_map, flat_reduce_inner, flat_reduce_last, flat_where, flat_zip, plan
 from course_lib.fast.indexing import as_int_array, broadcast_strides
 from course_lib.fast.pool import set_threads, use_pool
+from course_lib.tensor.broadcast import shape_broadcast
 from course_lib.tensor.scalar_ops import MAP_CODE, REDUCE_CODE, ZIP_CODE
-from course_lib.tensor.tensor_data import shape_broadcast
 
 
 def _sigmoid(x, out):

@@ -1,7 +1,8 @@
 """FlashAttention-2's forward and backward on the CPU, in Numba: no T x T matrix, ever.
 
-This file holds the course's answers to exercises 10.3 (`flash_forward`: `forward_kernel`) and 10.4
-(`flash_backward`: `backward_kernel`). Read it once your checks pass.
+This file holds the course's answers to exercises 10.3 (`flash_forward`: `forward_kernel` and its
+`forward_tile`) and 10.4 (`flash_backward`: `backward_kernel` and its `backward_key_tile`). Read it once
+your checks pass.
 
     out = softmax(q k^T * scale) v        q: (BH, Tq, d), k: (BH, Tk, d), v: (BH, Tk, dv)
 
@@ -78,7 +79,9 @@ def tiles_transposed(x, B):
 
 @numba.njit(fastmath=FASTMATH, cache=True)
 def forward_tile(q, k, v, out, lse, i0, nq, offset, scale, causal, BK):
-    """One tile of queries of one head: rows i0 .. i0 + nq of q (Tq, d) against k (Tk, d) and v (Tk, dv).
+    """The course's answer to exercise 10.3 (`flash_forward`): read it once your check passes.
+
+    One tile of queries of one head: rows i0 .. i0 + nq of q (Tq, d) against k (Tk, d) and v (Tk, dv).
     Writes those rows of out (Tq, dv) and lse (Tq). Every buffer is the size of a tile."""
     Tk, d, dv = k.shape[0], q.shape[1], v.shape[1]
     qs = np.empty((nq, d), q.dtype)                        # the tile's queries, times scale
@@ -130,7 +133,9 @@ def forward_kernel(q, k, v, out, lse, scale, causal, BQ, BK):
 
 @numba.njit(fastmath=FASTMATH, cache=True)
 def backward_key_tile(q, k, v, do, lse, delta, qt, dot, kt, dq, dk, dv, j0, offset, scale, causal, BQ):
-    """dK and dV of one key tile (rows j0 .. j0 + nk of k and v) of one head, and its share of dQ, added
+    """The course's answer to exercise 10.4 (`flash_backward`): read it once your check passes.
+
+    dK and dV of one key tile (rows j0 .. j0 + nk of k and v) of one head, and its share of dQ, added
     into dq (Tq, d). qt, dot: Q^T and dO^T by query tile (n, d, BQ); kt: this key tile's K^T (d, BK)."""
     Tq, d = q.shape
     dvs = v.shape[1]

@@ -1,5 +1,8 @@
 """Tiled attention with an online softmax as Numba CUDA kernels: the same algorithm as attention_cpu.py.
 
+This file holds the course's answer to exercise 10.5 (`flash_forward_cuda`: the forward kernel inside
+`kernels`). Read it once your check passes.
+
 One block per (head, tile of TILE rows), one thread per row. In the forward, thread t owns query row
 i = tile * TILE + t: its q row, its running max m, its running sum l and its output accumulator
 live in registers (`cuda.local.array`). The block walks over the keys a tile at a time; each thread
@@ -41,7 +44,9 @@ D_MAX = 64   # the largest head size: each thread keeps rows of up to D_MAX numb
 
 @functools.cache
 def kernels(dtype):
-    """The forward, dK/dV and dQ kernels for one numba dtype (float32 or float64)."""
+    """The course's answer to exercise 10.5 (`flash_forward_cuda`): read it once your check passes.
+
+    The forward (the exercise), dK/dV and dQ kernels for one numba dtype (float32 or float64)."""
 
     @cuda.jit
     def forward_kernel(q, k, v, out, lse, scale, causal):

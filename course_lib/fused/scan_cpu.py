@@ -1,7 +1,7 @@
 """The fused selective scan on the CPU: discretize, scan and read out in one pass, in Numba.
 
-This file holds the course's answer to exercise 10.2 (`fused_scan`: `scan_forward`). Read it once
-your check passes.
+This file holds the course's answer to exercise 10.2 (`fused_scan`: `scan_forward` and the kernel it
+compiles, `forward_kernel`). Read it once your check passes.
 
 Chapter 05's scans build a_t = exp(Δ_t A) and b_t = Δ_t B_t x_t as (b, L, D, N) tensors, then the
 states h, another (b, L, D, N), then contract h with C. At L = 1024, D = 256, N = 16 that is 4M
@@ -54,7 +54,9 @@ def scan_forward(x, delta, A, B, C, D, y, h_last, ckpt, chunk):
 
 @functools.cache
 def forward_kernel(STATES):
-    """scan_forward's kernel, compiled for N = STATES states (a constant), or for any N when STATES = 0."""
+    """The course's answer to exercise 10.2 (`fused_scan`): read it once your check passes.
+
+    scan_forward's kernel, compiled for N = STATES states (a constant), or for any N when STATES = 0."""
 
     @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
     def kernel(x, delta, A, B, C, D, y, h_last, ckpt, chunk):

@@ -36,7 +36,9 @@ class GPTConfig:
 
 
 def causal_attention(q, k, v, dropout=None):
-    """softmax(q k^T / sqrt(d) + causal mask) v, written out. q: (B, H, Tq, d); k, v: (B, H, Tk, d).
+    """The course's answer to exercise 04.3 (`attention_head`): read it once your check passes.
+
+    softmax(q k^T / sqrt(d) + causal mask) v, written out. q: (B, H, Tq, d); k, v: (B, H, Tk, d).
 
     The Tq queries are the last Tq of the Tk positions (Tq < Tk when earlier keys come from a
     KV cache): query i may look at key j only when j <= i + (Tk - Tq). Returns (output, weights).
@@ -101,6 +103,11 @@ def choose_attention(config):
 
 
 class CausalSelfAttention(nn.Module):
+    """The course's answer to exercise 04.4 (`split_merge_heads`): read it once your check passes.
+
+    H heads of causal self-attention: c_attn makes q, k, v for all heads at once, each head works on
+    its own d = C / H channels, and c_proj mixes the heads' outputs, laid side by side."""
+
     def __init__(self, config):
         super().__init__()
         assert config.n_embd % config.n_head == 0
@@ -142,7 +149,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x + attn(ln_1(x)), then x + mlp(ln_2(x)): pre-norm, so the residual path stays clean."""
+    """The course's answer to exercise 04.5 (`block_forward`): read it once your check passes.
+
+    x + attn(ln_1(x)), then x + mlp(ln_2(x)): pre-norm, so the residual path stays clean."""
 
     def __init__(self, config):
         super().__init__()
@@ -158,7 +167,10 @@ class Block(nn.Module):
 
 
 class KVCache:
-    """The keys and values of the positions seen so far, one (k, v) pair of (B, H, T, d) per layer."""
+    """The course's answer to exercise 04.9 (`decode_step`): read it once your check passes.
+
+    The keys and values of the positions seen so far, one (k, v) pair of (B, H, T, d) per layer;
+    GPT.forward, given one, runs only the new positions."""
 
     def __init__(self, n_layer):
         self.layers = [None] * n_layer
@@ -206,7 +218,9 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters()) - self.transformer.wpe.weight.numel()
 
     def forward(self, idx, targets=None, cache=None):
-        """Logits (B, T, vocab) for ids (B, T); the mean cross-entropy too when targets are given.
+        """The course's answer to exercise 04.6 (`gpt_forward`): read it once your check passes.
+
+        Logits (B, T, vocab) for ids (B, T); the mean cross-entropy too when targets are given.
 
         With a KVCache, idx holds only the new positions; the cache supplies (and then keeps) the rest.
         """

@@ -10,7 +10,9 @@ from collections import Counter
 
 
 class CharTokenizer:
-    """Each distinct character of the training text is one token, numbered in sorted order."""
+    """The course's answer to exercise 04.1 (`char_tokenizer`): read it once your check passes.
+
+    Each distinct character of the training text is one token, numbered in sorted order."""
 
     def __init__(self, text):
         self.chars = sorted(set(text))
@@ -35,7 +37,9 @@ SPLIT = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\
 
 
 def pair_counts(ids, counts=None, weight=1):
-    """How often each adjacent pair (a, b) occurs in ids, in order of first appearance."""
+    """The course's answer to exercise 04.2 (`bpe_merge_step`): read it once your check passes.
+
+    How often each adjacent pair (a, b) occurs in ids, in order of first appearance."""
     counts = Counter() if counts is None else counts
     for pair in zip(ids, ids[1:]):
         counts[pair] += weight
@@ -43,7 +47,9 @@ def pair_counts(ids, counts=None, weight=1):
 
 
 def merge(ids, pair, new_id):
-    """Replace every non-overlapping occurrence of `pair`, left to right, with `new_id`."""
+    """The course's answer to exercise 04.2 (`bpe_merge_step`): read it once your check passes.
+
+    Replace every non-overlapping occurrence of `pair`, left to right, with `new_id`."""
     out, i = [], 0
     while i < len(ids):
         if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:

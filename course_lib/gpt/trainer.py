@@ -1,4 +1,4 @@
-"""The training loop: AdamW, warmup plus cosine learning rate, gradient clipping, evaluation.
+"""The training loop: AdamW, warmup plus cosine learning rate (schedule.py), gradient clipping, evaluation.
 
 It trains any model whose forward is `model(idx, targets) -> (logits, loss)` on batches from
 any `get_batch(split) -> (x, y)`, so the GPT of this chapter and the Mamba of the next share it.
@@ -12,12 +12,13 @@ so that its compiler can capture `train_step` as it is.
     plot_curves({"train": history["train_loss"], "val": history["val_loss"]})
 """
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
 import torch
+
+from course_lib.gpt.schedule import lr_at
 
 
 @dataclass
@@ -86,18 +87,10 @@ def configure_optimizer(model, cfg, lib=TORCH):
     return lib.optimizer(groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
-def lr_at(it, cfg):
-    """Linear warmup from lr/warmup_iters to lr, then a cosine down to min_lr at lr_decay_iters."""
-    if it < cfg.warmup_iters:
-        return cfg.lr * (it + 1) / cfg.warmup_iters
-    if it >= cfg.lr_decay_iters:
-        return cfg.min_lr
-    progress = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
-
-
 def train_step(model, optimizer, x, y, grad_clip=1.0, lib=TORCH):
-    """One step: forward, backward, clip the global gradient norm, update. Returns the loss tensor
+    """The course's answer to exercise 04.8 (`train_step`): read it once your check passes.
+
+    One step: forward, backward, clip the global gradient norm, update. Returns the loss tensor
     (reading it, `loss.item()`, is the caller's choice: a compiled step must not read values mid-step)."""
     _, loss = model(x, y)
     optimizer.zero_grad(set_to_none=True)

@@ -4,14 +4,19 @@
         x = placeholder((None, 64)); w = variable(init); loss = ...
     sess = Session(); sess.run(loss, {x: batch})
 
-node.py     Node, Graph, topological_order     ops.py      each op's compute/gradient pair
-session.py  Session.run                 autodiff.py gradients(y, xs), symbolic
-passes.py   optimization passes         trace.py    eager function -> graph
-draw.py     pictures
+node.py     Node, Graph                 ops.py      each op's compute/gradient pair
+passes.py   optimization passes         rewrite.py  rewrite(outputs, rule), how passes rebuild
+trace.py    eager function -> graph     draw.py     pictures
+order.py    topological_order, the course's answer to exercise 03.1
+session.py  Session.run, the course's answer to exercise 03.2
+answers.py  the course's answers to chapter 03's other exercises: three gradient rules,
+            gradients(y, xs), constant folding and common-subexpression elimination
+
+Read order.py, session.py and answers.py once your checks pass.
 """
 
-from course_lib.graph.autodiff import gradients
-from course_lib.graph.node import Graph, Node, TraceError, as_node, default_graph, topological_order
+from course_lib.graph.answers import gradients
+from course_lib.graph.node import Graph, Node, TraceError, as_node, default_graph
 from course_lib.graph.ops import (
     ShapeError,
     assign,
@@ -32,6 +37,7 @@ from course_lib.graph.ops import (
     variable,
     zeros_like,
 )
+from course_lib.graph.order import topological_order
 from course_lib.graph.passes import (
     count_nodes,
     eliminate_common_subexpressions,

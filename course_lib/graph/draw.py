@@ -1,6 +1,7 @@
 """Pictures of graphs, through course_lib.viz.draw_graph."""
 
-from course_lib.graph.node import Graph, topological_order
+from course_lib.graph.node import Graph
+from course_lib.graph.order import topological_order
 from course_lib.viz import draw_graph
 
 KINDS = {"placeholder": "input", "variable": "param", "constant": "const"}

@@ -82,20 +82,3 @@ def as_node(x):
     if hasattr(x, "numpy") and callable(x.numpy):
         x = x.detach().numpy() if hasattr(x, "detach") else x.numpy()
     return Node.constant(np.asarray(x, dtype=np.float64))
-
-
-def topological_order(outputs):
-    """Every node the outputs depend on, each after its inputs. An explicit stack, no recursion."""
-    order, seen = [], set()
-    for out in outputs:
-        stack = [(out, False)]
-        while stack:
-            node, inputs_done = stack.pop()
-            if inputs_done:
-                order.append(node)
-            elif node not in seen:
-                seen.add(node)
-                stack.append((node, True))
-                stack.extend((i, False) for i in reversed(node.inputs) if i not in seen)
-    return order
-

@@ -18,6 +18,10 @@
 - `draw`      pictures of graphs through course_lib.viz
 - `onnx_backend`  the engine as an onnx.backend for the ONNX conformance suite
 - `models`    the course's MLP, CNN (ch. 08), GPT (ch. 04) and Mamba (ch. 05) for export
+
+`answers` (the executor, constant folding, the MatMul + Add fusion) and `ops/linalg`, `ops/shape` (the
+gemm, softmax and reshape kernels) hold the course's answers to chapter 09's exercises, each marked
+with the exercise it answers: read them once your checks pass.
 """
 
 from .ir import Graph, Node, Value

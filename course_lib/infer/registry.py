@@ -100,3 +100,10 @@ def bind(graph, node):
 
 def supported_ops():
     return sorted(op if not d else f"{d}.{op}" for d, op in KERNELS)
+
+
+def run_node(graph, node, env):
+    """Run one node on the values in `env` (a dict name -> array); returns a tuple of outputs."""
+    fn, attrs = bind(graph, node)
+    out = fn(*[env[i] if i else None for i in node.inputs], **attrs)
+    return out if isinstance(out, tuple) else (out,)

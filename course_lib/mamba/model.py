@@ -64,7 +64,9 @@ class RMSNorm(nn.Module):
 
 
 def causal_conv1d(x, weight, bias):
-    """Depthwise conv over time that sees only the past. x: (B, D, T); weight: (D, K); bias: (D,).
+    """The course's answer to exercise 05.5 (`causal_conv1d`): read it once your check passes.
+
+    Depthwise conv over time that sees only the past. x: (B, D, T); weight: (D, K); bias: (D,).
 
     Padding K-1 zeros on the left makes output t depend on inputs t-K+1 .. t and nothing later.
     """
@@ -109,7 +111,9 @@ class MambaBlock(nn.Module):
         return F.softplus(self.dt_proj(dt)), B, C
 
     def forward(self, u, state=None):
-        """u: (B, T, d_model) -> (B, T, d_model). If `state` is an empty dict, the final conv and
+        """The course's answer to exercise 05.6 (`block_forward`): read it once your check passes.
+
+        u: (B, T, d_model) -> (B, T, d_model). If `state` is an empty dict, the final conv and
         SSM states are stored in it, ready for `step`."""
         T = u.shape[1]
         x, z = self.in_proj(u).chunk(2, dim=-1)                                  # (B, T, D) each
@@ -127,7 +131,9 @@ class MambaBlock(nn.Module):
         return self.out_proj(y * F.silu(z))
 
     def step(self, u, state):
-        """One position: u (B, d_model) -> (B, d_model), updating state {"conv": (B, D, K-1), "ssm": (B, D, N)}.
+        """The course's answer to exercise 05.7 (`mamba_step`): read it once your check passes.
+
+        One position: u (B, d_model) -> (B, d_model), updating state {"conv": (B, D, K-1), "ssm": (B, D, N)}.
 
         The cost and the memory of a step do not grow with the number of positions already seen.
         """

@@ -33,7 +33,9 @@ def readout(h, C, x, D):
 
 
 def selective_scan_sequential(x, delta, A, B, C, D, h0=None, return_state=False):
-    """The reference: one step per position. h0 (b, D, N) is the starting state (zeros by default)."""
+    """The course's answer to exercise 05.2 (`selective_scan`): read it once your check passes.
+
+    The reference: one step per position. h0 (b, D, N) is the starting state (zeros by default)."""
     a, b = discretize(x, delta, A, B)
     h = torch.zeros_like(a[:, 0]) if h0 is None else h0
     hs = []
@@ -50,7 +52,9 @@ def selective_scan_sequential(x, delta, A, B, C, D, h0=None, return_state=False)
 
 
 def combine(left, right):
-    """Compose two steps h -> a h + b: first `left`, then `right`.
+    """The course's answer to exercise 05.3 (`combine`): read it once your check passes.
+
+    Compose two steps h -> a h + b: first `left`, then `right`.
 
     right(left(h)) = a_r (a_l h + b_l) + b_r = (a_r a_l) h + (a_r b_l + b_r).
     It is associative (but not commutative): the order of application matters, the grouping does not.
@@ -61,7 +65,9 @@ def combine(left, right):
 
 
 def associative_scan(a, b, dim=1):
-    """Inclusive scan of (a, b) pairs with `combine` along `dim`, Hillis-Steele style.
+    """The course's answer to exercise 05.4 (`parallel_scan`): read it once your check passes.
+
+    Inclusive scan of (a, b) pairs with `combine` along `dim`, Hillis-Steele style.
 
     After round k each position holds the composition of the last 2^k steps ending there, so
     ceil(log2 L) rounds finish, each one vectorized over the whole sequence. Returns the composed

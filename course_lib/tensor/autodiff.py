@@ -2,7 +2,8 @@
 
 Every op is a `Function` with a `forward` (compute the value, save what the
 derivative needs in `ctx`) and a `backward` (given d(loss)/d(output), return
-d(loss)/d(input) for each input). `Function.apply` runs forward and records the
+d(loss)/d(input) for each input, summed back to the input's shape by `unbroadcast`
+where the op broadcast it). `Function.apply` runs forward and records the
 op in the output tensor, so the outputs remember how they were made: that record
 is the graph that `backward` walks in reverse topological order.
 
@@ -105,6 +106,19 @@ class Function:
     @staticmethod
     def backward(ctx, grad):
         raise NotImplementedError
+
+
+def unbroadcast(grad, shape):
+    """Sum a gradient back to the shape of the operand that was broadcast.
+
+    Broadcasting copies an operand along the new leading dims and its size-1 dims,
+    so each copy's gradient must be added up: sum over those dims, then reshape."""
+    if grad.shape == tuple(shape):
+        return grad
+    extra = grad.ndim - len(shape)
+    dims = tuple(range(extra)) + tuple(
+        extra + i for i, n in enumerate(shape) if n == 1 and grad.shape[extra + i] != 1)
+    return grad.sum(dims, keepdim=True).reshape(shape) if dims else grad.reshape(shape)
 
 
 def topological_order(root) -> list:

@@ -1,5 +1,8 @@
 """Every op as a Function: the forward value and, right beside it, its derivative rule.
 
+Some of these are the course's answers to chapter 02's exercises (Mul, Sum, reduce_dims, MatMul,
+LogSoftmax and CrossEntropy), each marked with the exercise it answers: read one once your check passes.
+
 forward(ctx, ...) works on raw data through the current backend and returns a
 TensorData. backward(ctx, grad) returns one gradient per tensor input, written with
 ordinary tensor ops (autograd is off while it runs).
@@ -9,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from course_lib.tensor.autodiff import Function
+from course_lib.tensor.autodiff import Function, unbroadcast
 from course_lib.tensor.backend import current_backend
-from course_lib.tensor.tensor_data import ShapeError, TensorData, shape_broadcast, slice_view
+from course_lib.tensor.broadcast import shape_broadcast
+from course_lib.tensor.tensor_data import ShapeError, TensorData, slice_view
 
 # ------------------------------------------------------------ raw helpers
 
@@ -23,19 +27,6 @@ def zip_(op, a, b):
     if a.shape != b.shape:
         shape_broadcast(a.shape, b.shape, op)  # a clear error before any backend runs
     return current_backend().zip(op, a.data, b.data)
-
-
-def unbroadcast(grad, shape):
-    """Sum a gradient back to the shape of the operand that was broadcast.
-
-    Broadcasting copies an operand along the new leading dims and its size-1 dims,
-    so each copy's gradient must be added up: sum over those dims, then reshape."""
-    if grad.shape == tuple(shape):
-        return grad
-    extra = grad.ndim - len(shape)
-    dims = tuple(range(extra)) + tuple(
-        extra + i for i, n in enumerate(shape) if n == 1 and grad.shape[extra + i] != 1)
-    return grad.sum(dims, keepdim=True).reshape(shape) if dims else grad.reshape(shape)
 
 
 # ------------------------------------------------------------ elementwise, binary
@@ -65,7 +56,9 @@ class Sub(Function):
 
 
 class Mul(Function):
-    """a * b;  d/da = b, d/db = a."""
+    """The course's answer to exercise 02.4 (`mul_function`): read it once your check passes.
+
+    a * b;  d/da = b, d/db = a."""
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
@@ -302,7 +295,9 @@ class Where(Function):
 # ------------------------------------------------------------ reductions
 
 class Sum(Function):
-    """Sum over `dim` (keepdim);  d/da = 1 for every summed element: expand grad back."""
+    """The course's answer to exercise 02.5 (`sum_function`): read it once your check passes.
+
+    Sum over `dim` (keepdim);  d/da = 1 for every summed element: expand grad back."""
     @staticmethod
     def forward(ctx, a, dim):
         ctx.shape = a.shape
@@ -311,6 +306,19 @@ class Sum(Function):
     @staticmethod
     def backward(ctx, grad):
         return grad.expand(ctx.shape)
+
+
+def reduce_dims(fn, a, dims, keepdim):
+    """The course's answer to exercise 02.6 (`tensor_methods`): read it once your check passes.
+
+    The reduction `fn` (Sum, Max) of `a` over several dims, one dim at a time (each keeps its dim with
+    size 1), the reduced dims then dropped unless keepdim."""
+    out = a
+    for d in dims:
+        out = fn.apply(out, dim=d)
+    if not keepdim:
+        out = out.reshape(tuple(n for i, n in enumerate(a.shape) if i not in dims))
+    return out
 
 
 class Max(Function):
@@ -332,7 +340,9 @@ class Max(Function):
 # ------------------------------------------------------------ softmax
 
 class LogSoftmax(Function):
-    """a - max - log(sum(exp(a - max)));  d/da = grad - softmax * sum(grad)."""
+    """The course's answer to exercise 02.8 (`softmax_cross_entropy`): read it once your check passes.
+
+    a - max - log(sum(exp(a - max)));  d/da = grad - softmax * sum(grad)."""
     @staticmethod
     def forward(ctx, a, dim):
         b = current_backend()
@@ -358,7 +368,9 @@ class Softmax(Composed):
 # ------------------------------------------------------------ matmul
 
 class MatMul(Function):
-    """a @ b for (..., n, k) @ (..., k, m);  d/da = grad @ b^T, d/db = a^T @ grad."""
+    """The course's answer to exercise 02.7 (`matmul_backward`): read it once your check passes.
+
+    a @ b for (..., n, k) @ (..., k, m);  d/da = grad @ b^T, d/db = a^T @ grad."""
     @staticmethod
     def forward(ctx, a, b):
         if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
@@ -468,7 +480,9 @@ class Cat(Function):
 
 
 class CrossEntropy(Function):
-    """mean_i -log_softmax(a)[i, target_i], fused;  d/da = (softmax(a) - one_hot) / batch."""
+    """The course's answer to exercise 02.8 (`softmax_cross_entropy`): read it once your check passes.
+
+    mean_i -log_softmax(a)[i, target_i], fused;  d/da = (softmax(a) - one_hot) / batch."""
     @staticmethod
     def forward(ctx, a, one_hot):
         b = current_backend()

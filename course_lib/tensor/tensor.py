@@ -261,13 +261,7 @@ class Tensor:
         return tuple(sorted(d % self.ndim for d in dims)) if self.ndim else ()
 
     def _reduce(self, fn, dim, keepdim):
-        dims = self._dims(dim)
-        out = self
-        for d in dims:
-            out = fn.apply(out, dim=d)
-        if not keepdim:
-            out = out.reshape(tuple(n for i, n in enumerate(self.shape) if i not in dims))
-        return out
+        return F.reduce_dims(fn, self, self._dims(dim), keepdim)
 
     def sum(self, dim=None, keepdim: bool = False):
         return self._reduce(F.Sum, dim, keepdim)

@@ -5,9 +5,7 @@ A `TensorData` is a flat 1-D numpy array (the storage) plus three numbers per vi
 sits at `storage[offset + sum(index[i] * strides[i])]`. Views (permute, expand,
 slicing, reshape of contiguous data) make a new TensorData over the same storage.
 
-The index helpers below are plain loops over integer sequences. `position`, the one
-the compiled kernels need, is compiled unchanged by Numba: with `njit` for the CPU
-backend (fast/indexing.py) and with `cuda.jit(device=True)` for the CUDA backend.
+The index helpers below are plain loops over integer sequences, the ones lesson 02 writes.
 """
 
 from __future__ import annotations
@@ -40,27 +38,6 @@ def to_index(ordinal, shape, out_index):
         ordinal = ordinal // shape[i]
 
 
-def broadcast_index(big_index, big_shape, shape, out_index):
-    """Index into the broadcast shape `big_shape` -> index into the smaller `shape`.
-
-    Dimensions are aligned on the right; a dimension of size 1 always reads index 0.
-    """
-    extra = len(big_shape) - len(shape)
-    for i in range(len(shape)):
-        out_index[i] = 0 if shape[i] == 1 else big_index[i + extra]
-
-
-def position(ordinal, shape, strides, offset):
-    """Ordinal (row-major over `shape`) -> position in storage of the view (strides, offset):
-    to_index and index_to_position in one loop, with no index array (what a kernel wants)."""
-    pos = np.int64(offset)
-    rest = np.int64(ordinal)  # a Numba prange index may be unsigned; uint64 mixed with int64 gives float64
-    for d in range(len(shape) - 1, -1, -1):
-        pos += (rest % shape[d]) * strides[d]
-        rest //= shape[d]
-    return pos
-
-
 def contiguous_strides(shape) -> tuple:
     """Row-major strides of a fresh array: the last dimension moves fastest."""
     strides, step = [], 1
@@ -68,20 +45,6 @@ def contiguous_strides(shape) -> tuple:
         strides.append(step)
         step *= n
     return tuple(reversed(strides))
-
-
-def shape_broadcast(a: tuple, b: tuple, op: str = "broadcast") -> tuple:
-    """The shape two operands broadcast to (numpy/PyTorch rules), or a ShapeError."""
-    out = []
-    for i in range(1, max(len(a), len(b)) + 1):
-        x = a[-i] if i <= len(a) else 1
-        y = b[-i] if i <= len(b) else 1
-        if x != y and x != 1 and y != 1:
-            raise ShapeError(
-                f"{op}: shapes {tuple(a)} and {tuple(b)} do not broadcast "
-                f"(dim {-i}: {x} vs {y}; sizes must match or one must be 1)")
-        out.append(max(x, y) if min(x, y) != 0 else 0)
-    return tuple(reversed(out))
 
 
 # ---------------------------------------------------------------- the data
@@ -182,9 +145,9 @@ class TensorData:
     def expand(self, shape) -> "TensorData":
         """Broadcast to `shape` by giving the new and size-1 dims stride 0."""
         shape = tuple(shape)
-        if shape_broadcast(self.shape, shape, "expand") != shape:
-            raise ShapeError(f"expand: cannot expand {self.shape} to {shape}")
         extra = len(shape) - self.dims
+        if extra < 0 or any(n not in (1, m) for n, m in zip(self.shape, shape[extra:])):
+            raise ShapeError(f"expand: cannot expand {self.shape} to {shape} (each dim must match or be 1)")
         strides = [0] * extra + [0 if n == 1 and m != 1 else s
                                  for n, m, s in zip(self.shape, shape[extra:], self.strides)]
         return TensorData(self.storage, shape, strides, self.offset)

@@ -8,7 +8,7 @@ import numpy as np
 
 from course_lib import yours
 from course_lib.tensor.backend import Backend, get_backend, register_backend
-from course_lib.tensor.tensor_data import shape_broadcast
+from course_lib.tensor.broadcast import shape_broadcast
 
 
 class BackendOfYours(Backend):

@@ -47,7 +47,6 @@ from course_lib.capstone import model as course_model
 from course_lib.capstone import optim as course_optim
 from course_lib.capstone import sample as course_sample
 from course_lib.capstone import train as course_train
-from course_lib.capstone.recipe import train_step  # noqa: F401  (the course's step, as chapter 13 compares with)
 from course_lib.gpt import trainer
 from course_lib.gpt.trainer import Library
 from course_lib.tensor import autodiff, use_backend, use_ops

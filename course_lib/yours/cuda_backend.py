@@ -20,7 +20,8 @@ is copied out in full. On the simulator every thread costs about 130 µs: keep t
 import numpy as np
 
 from course_lib.cuda.launch import blocks_for, launch
-from course_lib.tensor.tensor_data import TensorData, shape_broadcast
+from course_lib.tensor.broadcast import shape_broadcast
+from course_lib.tensor.tensor_data import TensorData
 from course_lib.yours import backends
 
 NAME = "yours-cuda"

@@ -42,7 +42,8 @@ from course_lib.fast.indexing import fresh as _fresh
 from course_lib.fast.plans import run_shape, strides
 from course_lib.fast.pool import set_threads  # your strided kernels are parallel; small work runs on one thread
 from course_lib.tensor import scalar_ops
-from course_lib.tensor.tensor_data import TensorData, shape_broadcast
+from course_lib.tensor.broadcast import shape_broadcast
+from course_lib.tensor.tensor_data import TensorData
 from course_lib.yours import backends
 
 NAME = "yours-numba"

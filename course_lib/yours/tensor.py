@@ -21,7 +21,7 @@ from course_lib import yours
 from course_lib.tensor import functions as F
 from course_lib.tensor import nn, optim
 from course_lib.tensor.autodiff import Context
-from course_lib.tensor.tensor_data import shape_broadcast
+from course_lib.tensor.broadcast import shape_broadcast
 from course_lib.yours.adapters import (
     AdamOfYours,
     CrossEntropyOfYours,

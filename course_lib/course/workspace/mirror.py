@@ -1,4 +1,4 @@
-"""The course's folders that lessons ask the learner to read, copied read-only into work/, so that
+"""The course's folders that learners read, copied read-only into work/, so that
 JupyterLab, which serves work/ alone, shows them."""
 
 import stat
@@ -7,14 +7,23 @@ from pathlib import Path
 from course_lib import REPO_DIR
 from course_lib.learner.progress import workspace_dir
 
-# The course's folders that lessons ask the learner to read, copied read-only into work/ so that
+# The course's folders that learners read, copied read-only into work/ so that
 # JupyterLab, which serves work/ alone, shows them: {folder: (file patterns, the note in its README.md)}.
 MIRRORED = {
     "course_lib": (("*.py",), """# The course's library, to read
 
-A read-only copy of `course_lib/`, the code the lessons ask you to read. `course lab` and
-`course sync` refresh it from the course, so edits here would be lost: your work goes in
-`exercises/`.
+A read-only copy of `course_lib/`: the library the lessons run and later chapters build on. Its
+chapter folders (`autograd/` for chapter 01, `tensor/` 02, `graph/` 03, `gpt/` 04, `mamba/` 05, `fast/`
+06, `cuda/` 07, `custom_ops/` 08, `infer/` 09, `fused/` 10, `distributed/` 11, `capstone/` 12,
+`compiler/` 13), and for chapter 00 its gradient-checking tools, also hold the course's own answers
+to the exercises.
+Each answer starts with the line "The course's answer to exercise NN.k (`name`): read it once your
+check passes", each folder's `__init__.py` says which of its files hold answers, and `answer_key.py`
+lists them all. Read an answer once your check passes: before that, the lessons and the hints point
+you to everything an exercise needs.
+
+`course lab` and `course sync` refresh this copy from the course, so edits here would be lost: your
+work goes in `exercises/`.
 """),
     "benchmarks": (("*.py", "*.md"), """# The course's benchmarks, to read
 

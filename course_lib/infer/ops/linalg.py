@@ -12,7 +12,9 @@ def matmul(a, b):
 
 @register("Gemm", since=7)
 def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
-    """Y = alpha * A' @ B' + beta * C, where X' is X transposed when transX is set; C broadcasts."""
+    """The course's answer to exercise 09.2 (`gemm`): read it once your check passes.
+
+    Y = alpha * A' @ B' + beta * C, where X' is X transposed when transX is set; C broadcasts."""
     a = a.T if transA else a
     b = b.T if transB else b
     y = a @ b                  # a fresh buffer: the scaling and the bias go in place
@@ -32,7 +34,9 @@ def einsum(*xs, equation):
 
 
 def _exp_normalize(e, axis):
-    """exp(e) / sum(exp(e)) along `axis`, in place in e."""
+    """The course's answer to exercise 09.3 (`softmax`): read it once your check passes.
+
+    exp(e) / sum(exp(e)) along `axis`, in place in e."""
     np.exp(e, out=e)
     e /= e.sum(axis=axis, keepdims=True)
     return e
@@ -45,6 +49,7 @@ def softmax_in_place(y, axis):
 
 
 def _softmax(x, axis):
+    """The course's answer to exercise 09.3 (`softmax`): read it once your check passes."""
     return _exp_normalize(x - x.max(axis=axis, keepdims=True), axis)  # x - max is a fresh buffer
 
 
@@ -59,7 +64,9 @@ def _coerced(fn):
 
 @register("Softmax", since=13)
 def softmax(x, *, axis=-1):
-    """exp(x - max) / sum(exp(x - max)) along `axis`; subtracting the max avoids overflow."""
+    """The course's answer to exercise 09.3 (`softmax`): read it once your check passes.
+
+    exp(x - max) / sum(exp(x - max)) along `axis`; subtracting the max avoids overflow."""
     return _softmax(x, axis)
 
 

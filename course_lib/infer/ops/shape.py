@@ -24,7 +24,9 @@ def size(x):
 
 @register("Reshape", since=5)
 def reshape(x, shape, *, allowzero=0):
-    """A 0 copies the input's size on that axis (unless allowzero); one -1 takes what is left."""
+    """The course's answer to exercise 09.4 (`reshape`): read it once your check passes.
+
+    A 0 copies the input's size on that axis (unless allowzero); one -1 takes what is left."""
     shape = _ints(shape)
     if not allowzero:
         shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]

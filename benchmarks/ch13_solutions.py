@@ -1,0 +1,58 @@
+"""Re-execute solutions/13_compiler.ipynb as a learner who passed chapters 01, 02, 06 and 12 would see it.
+
+The payoff of chapter 13 compiles the learner's chapter 12 GPT, assembled from whatever they saved, and
+prints whose pieces run it. `course execute solutions/13_compiler.ipynb` runs the notebook from an empty
+workspace, so that line would say the course's pieces run chapters 01 to 12, and the compiled step would
+have none of the islands a learner's numpy backwards make. This script first saves the reference answers of
+chapters 01, 02, 06 and 12 as a learner's passing checks save them (tests/carried.py runs each solved
+notebook without its payoff, in one workspace, in the course's order), then runs solutions/13 from that
+workspace's exercises/ on the course kernel and writes the executed notebook back in place (per-run
+metadata dropped, as `course execute` does). A few minutes on 2 idle cores.
+
+    python benchmarks/ch13_solutions.py                       # solutions/13_compiler.ipynb, in place
+    python benchmarks/ch13_solutions.py --keep /tmp/work      # and keep the workspace there
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PASSED = ("01", "02", "06", "12")     # what chapter 13's payoff runs of the learner's, besides chapter 13
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("notebook", nargs="?", default=str(ROOT / "solutions" / "13_compiler.ipynb"))
+    p.add_argument("--keep", help="a folder to keep the workspace in (default: a temporary one, removed)")
+    p.add_argument("--timeout", type=int, default=900)
+    args = p.parse_args()
+    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ch13-solutions-"))
+    work = folder / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    os.environ["COURSE_WORKSPACE"] = str(work)
+    os.environ.pop("COURSE_PROGRESS_FILE", None)
+    sys.path.insert(0, str(ROOT / "tests"))
+    import carried
+
+    from course_lib.course import nbtools
+
+    for chapter in PASSED:
+        start = time.perf_counter()
+        carried.save_reference(chapter, work)
+        print(f"chapter {chapter}'s reference answers saved as a learner's ({time.perf_counter() - start:.0f} s)")
+    path = Path(args.notebook)
+    start = time.perf_counter()
+    nb = nbtools.execute(nbtools.read(path), cwd=work / "exercises", timeout=args.timeout)
+    nbtools.write(nbtools.clean_metadata(nb), path)
+    print(f"executed {path} in {time.perf_counter() - start:.0f} s, from {work}")
+    if not args.keep:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
