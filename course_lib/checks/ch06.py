@@ -87,6 +87,95 @@ def _with_globals(fn, **replaced):
     return numba.njit(**options)(copy)
 
 
+class _Watched(np.ndarray):
+    """An array that tells a _Probe which of its elements are read and written, and by which prange
+    iteration: the check runs the learner's kernel as plain Python (its py_func) on such arrays."""
+
+    probe = None
+
+    def __array_finalize__(self, obj):
+        self.where = getattr(obj, "where", None)      # each element's number in the watched array
+
+    def __getitem__(self, key):
+        got = super().__getitem__(key)
+        where = self.where[key]
+        if isinstance(got, _Watched):
+            got.where = where
+        elif self.probe is not None:
+            self.probe.read(where)
+        return got
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        if self.probe is not None:
+            self.probe.wrote(np.ravel(self.where[key]))
+
+
+class _Probe:
+    """Runs a kernel's Python source, its prange loops one iteration after another, and records which
+    iteration wrote each element of the watched arrays (a race: two iterations write one element) and
+    the order of the single elements read. Independent of the machine and of the number of threads."""
+
+    def __init__(self, kernel):
+        self.kernel, self.task, self.depth = kernel, None, 0
+        self.writer, self.clash, self.reads = {}, None, []
+
+    def watch(self, array):
+        watched = np.array(array).view(_Watched)
+        watched.where = np.arange(watched.size).reshape(watched.shape)
+        watched.probe = self
+        return watched
+
+    def prange(self, *bounds):
+        self.depth += 1
+        try:
+            for t in range(*bounds):
+                if self.depth == 1:
+                    self.task = ("loop", t)
+                yield t
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                self.task, self.writer = None, {}    # the next prange loop starts afresh
+
+    def read(self, where):
+        self.reads.append(int(where))
+
+    def wrote(self, elements):
+        if self.task is None:
+            return
+        for e in elements.tolist():
+            other = self.writer.setdefault(e, self.task)
+            if other != self.task and self.clash is None:
+                self.clash = (e, other[1], self.task[1])
+
+    def run(self, *args):
+        """Runs the kernel; False when its source cannot run as plain Python (then the probe says nothing)."""
+        py = getattr(self.kernel, "py_func", self.kernel)
+        scope = dict(py.__globals__)
+        scope.update({name: self.prange for name, value in scope.items() if value is numba.prange})
+        copy = types.FunctionType(py.__code__, scope, py.__name__, py.__defaults__, py.__closure__)
+        try:
+            with np.errstate(all="ignore"):
+                copy(*args)
+        except Exception:
+            return False
+        return True
+
+
+def _require_no_race(kernel, name, args, watched, what):
+    """Runs `kernel` on small inputs as a _Probe: no two iterations of a prange loop may write one element
+    of argument `watched` (what it is called in the message)."""
+    probe = _Probe(kernel)
+    args = list(args)
+    args[watched] = probe.watch(args[watched])
+    if probe.run(*args) and probe.clash:
+        e, first, second = probe.clash
+        raise CheckFailed(f"your {name} has a race: iterations {first} and {second} of its prange loop both "
+                          f"wrote element {e} of {what}. The values can come out right when the threads happen not to "
+                          f"overlap (it depends on the machine and its load), but they may not.\n  hint: " + _RACE)
+
+
 @njit
 def _row_start_position(ordinal, shape, strides, offset):
     """position() that answers right only at the start of a row (an ordinal that is a multiple of the last
@@ -339,18 +428,24 @@ def _calling_the_kernel(your_sum_dim, your_sum_kernel):
     def counted(*args):
         calls.append(1)
         return your_sum_kernel(*args)
-    scope = getattr(getattr(your_sum_dim, "py_func", your_sum_dim), "__globals__", {})
+    py = getattr(your_sum_dim, "py_func", your_sum_dim)
+    scope = getattr(py, "__globals__", {})
     names = [name for name, value in scope.items() if value is your_sum_kernel]
+    cells = [c for c in getattr(py, "__closure__", None) or () if c.cell_contents is your_sum_kernel]
 
     def run(*args):
         before = len(calls)
         for name in names:
             scope[name] = counted
+        for cell in cells:                          # a kernel your sum_dim reaches through a closure
+            cell.cell_contents = counted
         try:
             result = your_sum_dim(*args)
         finally:
             for name in names:
                 scope[name] = your_sum_kernel
+            for cell in cells:
+                cell.cell_contents = your_sum_kernel
         require(len(calls) > before,
                 "your sum_dim returned its sums without calling your sum_kernel: the sums must come from the "
                 "parallel kernel, which is what this exercise writes.",
@@ -365,6 +460,9 @@ def sum_dim(your_sum_dim, your_sum_kernel):
     computed by the parallel kernel sum_kernel(out, out_shape, a, a_strides, dim, n)."""
     _compiled(your_sum_kernel, "sum_kernel", parallel=True)
     your_sum_dim = _calling_the_kernel(your_sum_dim, your_sum_kernel)
+    v = View((5, 7), "contiguous")
+    _require_no_race(your_sum_kernel, "sum_kernel", (np.empty(7), _ints((1, 7)), v.storage, v.strides, 0, 5), 0,
+                     "out (the sums over dim 0 of a (5, 7) array)")
     cases = [("permuted", 3, 1), ("sliced", 3, 0), ("contiguous", 2, 1), ("permuted", 4, 3), ("sliced", 1, 0),
              ("broadcast", 3, 1), ("broadcast", 2, 0)]
     for kind, ndim, dim in cases:
@@ -405,8 +503,8 @@ def sum_dim(your_sum_dim, your_sum_kernel):
                      rtol=1e-9, atol=1e-9,
                      hint=_RACE)
     _runs_in_parallel(your_sum_kernel, "sum_kernel")
-    return (f"{len(cases)} random strided views (2 with broadcast dims), and a long sum run 3 times to catch races, "
-            "by your kernel in a prange loop")
+    return (f"{len(cases)} random strided views (2 with broadcast dims), and a long sum run 3 times, by your kernel "
+            "in a prange loop whose iterations write separate outputs")
 
 
 # ---- 6. the parallel matmul -----------------------------------------------------------------
@@ -415,6 +513,8 @@ def sum_dim(your_sum_dim, your_sum_kernel):
 def matmul(your_matmul):
     """matmul(out, a, b) writes a @ b into out (whatever out held before), for 2-D arrays."""
     _compiled(your_matmul, "matmul", parallel=True)
+    a, b = rng().uniform(-1, 1, size=(5, 6)), rng().uniform(-1, 1, size=(6, 4))
+    _require_no_race(your_matmul, "matmul", (np.empty((5, 4)), a, b), 0, "out (5x6 times 6x4)")
     # A race (prange over the reduction dim k: threads add into the same out[i, j]) loses updates
     # only when two threads overlap, so every product runs 3 times, on every thread, and one case
     # has a long k and a short row, where the threads collide on almost every update.
@@ -435,7 +535,8 @@ def matmul(your_matmul):
                                if run == 0 else "this product was right on an earlier run: ")
                          + _RACE.replace("reduced dim", "k dim"))
     _runs_in_parallel(your_matmul, "matmul")
-    return f"4 random odd sizes, one with a long k, one operand transposed, each run {repeats} times, in a prange loop"
+    return (f"4 random odd sizes, one with a long k, one operand transposed, each run {repeats} times, in a prange loop "
+            "whose iterations write separate outputs")
 
 
 # ---- 7. flat kernels for contiguous operands ------------------------------------------------------
@@ -639,7 +740,27 @@ def sum_columns(your_sum_columns):
                                    "those are the sums of the first block only: there are out.size // m blocks":
                                    np.concatenate([grid[0].sum(0)] * outer)},
                          hint="out[o * m + j] adds up a[(o * n + k) * m + j] for k = 0 .. n - 1.")
-    return f"{len(cases)} shapes (outer, n, m), float64 and float32, out holding garbage at the start"
+    _require_rows_walked(your_sum_columns)
+    return (f"{len(cases)} shapes (outer, n, m), float64 and float32, out holding garbage at the start; a's numbers "
+            "read along its rows")
+
+
+def _require_rows_walked(kernel):
+    """The exercise's point: a is read along its rows, at stride 1, not down its columns. Run as a _Probe, a
+    kernel that reads single numbers must read most of them right after their left neighbour."""
+    outer, n, m = 2, 5, 7
+    probe = _Probe(kernel)
+    a = probe.watch(rng().uniform(-1, 1, size=outer * n * m))
+    if not probe.run(np.empty(outer * m), a, n, m) or len(probe.reads) < outer * n * m:
+        return                                   # whole slices at once: numpy's own walk, along the rows
+    steps = np.diff(probe.reads)
+    require(np.mean(steps == m) < 0.5,
+            f"your sum_columns reads a down its columns: of its {len(steps) + 1} reads of a ({outer}, {n}, {m}) array, "
+            f"{np.mean(steps == m):.0%} come {m} numbers (one row) after the one before, "
+            f"{np.mean(steps == 1):.0%} right after it. The sums are right, but each read is on another cache line: "
+            "this is the walk your sum_kernel already does.",
+            hint="the exercise turns the loops around: the innermost loop runs along a row, adding it into the "
+                 "block's m accumulators (lesson 06, section 13).")
 
 
 # ---- 11. products through BLAS --------------------------------------------------------------------

@@ -10,8 +10,11 @@ do not depend on the machine or its thread count:
   scan's scratch must not grow with L, the forward's must not grow with Tk (at fixed tiles, with one
   query tile, so that the thread count cannot change it), the backward's must not grow like T^2;
 - causal tiles left unread: NaN planted in the keys and values (and, for the backward, the queries and
-  output gradients) of tiles that no query sees must not reach the rows that cannot see them, whatever
-  the masking style, since 0 * NaN is NaN;
+  output gradients) of tiles that no query sees must not reach the rows that cannot see them: any
+  arithmetic on a masked entry shows, since 0 * NaN is NaN (a kernel that computes a masked score and then
+  replaces it, by a branch or a select, leaves no trace in the values, and is not caught);
+- parallel: a kernel compiled with parallel=True has a loop that Numba's own diagnostics say runs in
+  parallel (chapter 06's test): a serial range under parallel=True is caught;
 - the online softmax's running max: scores far below zero, where any other start than -inf underflows.
 """
 
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 
 from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng
 from course_lib.checks.ch05 import scan_inputs  # chapter 05's random scan inputs, the same here
+from course_lib.checks.ch06 import _runs_in_parallel  # chapter 06's test: Numba made a prange loop parallel
 from course_lib.memory import growth, peak_bytes
 
 
@@ -198,8 +202,9 @@ def fused_scan(your_fused_scan):
         assert_close(got / scale, exp / scale, what=f"{name} in float32 (divided by its largest value), (b, L, D, N) = "
                      "(2, 50, 8, 16)", rtol=0, atol=1e-5, hint="float32 work must stay float32, with float32 states")
     Ls = _scan_memory(your_fused_scan)
-    return (f"{len(cases)} shapes (L = 1, L not a multiple of the chunk, chunk = 1) in float64, one in float32, and "
-            f"scratch memory flat from L = {Ls[0]} to {Ls[-1]}")
+    parallel = _parallel_if_asked(your_fused_scan, "fused_scan")
+    return (f"{len(cases)} shapes (L = 1, L not a multiple of the chunk, chunk = 1) in float64, one in float32, "
+            f"scratch memory flat from L = {Ls[0]} to {Ls[-1]}{parallel}")
 
 
 def _least_peak(run, repeats=2):
@@ -224,6 +229,15 @@ def _scan_memory(kernel):
             hint="a pair's recurrence needs only its current state while it runs (lesson 10, section 4): whatever "
                  "grows with L is the history the fused kernel exists to avoid.")
     return Ls
+
+
+def _parallel_if_asked(kernel, name):
+    """A Numba kernel compiled with parallel=True must have a loop that runs in parallel; says so for the pass
+    line. Any other answer (a wrapper, numpy) is judged on the rest."""
+    if not getattr(kernel, "targetoptions", {}).get("parallel", False):
+        return ""
+    _runs_in_parallel(kernel, name)
+    return ", and a prange loop that runs in parallel"
 
 
 # ---- 3. and 4. FlashAttention forward and backward in Numba ----------------------------------
@@ -354,9 +368,10 @@ def flash_forward(your_flash_forward):
     assert_close(lse, ref_lse, what="lse in float32", rtol=1e-4, atol=2e-5)
     Tks = _forward_scratch(your_flash_forward)
     _causal_skip_forward(your_flash_forward)
+    parallel = _parallel_if_asked(your_flash_forward, "flash_forward")
     return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), scores far "
             f"below zero, float32; scratch flat from Tk = {Tks[0]} to {Tks[-1]}; NaN in keys and values that a query "
-            f"tile cannot see stayed out of its rows")
+            f"tile cannot see stayed out of its rows{parallel}")
 
 
 def _row_max(q, k, v, causal, scale):
@@ -552,8 +567,10 @@ def flash_backward(your_flash_backward):
         assert_close(g, e, what=f"{name} in float32, Tq = Tk = 70, BQ = 32, BK = 16", rtol=1e-3, atol=1e-4)
     Ts = _backward_memory(your_flash_backward)
     _causal_skip_backward(your_flash_backward)
+    parallel = _parallel_if_asked(your_flash_backward, "flash_backward")
     return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), float32; no "
-            f"(T, T) matrix from T = {Ts[0]} to {Ts[-1]}; NaN in tiles no query sees stayed out of dq, dk and dv")
+            f"(T, T) matrix from T = {Ts[0]} to {Ts[-1]}; NaN in tiles no query sees stayed out of dq, dk and dv"
+            f"{parallel}")
 
 
 # ---- 5. the forward as a CUDA kernel ------------------------------------------------------------

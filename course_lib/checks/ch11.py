@@ -238,7 +238,29 @@ class Chain(nn.Module):
         return self.last(x)
 
 
-MODELS = {"branchy": Branchy, "chain": Chain}
+class Crossed(nn.Module):
+    """The third model: two twin layers from the input, run in one order on even ranks and in the other on odd
+    ones (as a branch on the data would), so their gradients land in a different order on each rank. Buckets
+    sent as they complete would pair one rank's `left` with the other's `right`."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        a, h, b = sizes
+        self.left, self.right = nn.Linear(a, h), nn.Linear(a, h)
+        self.out = nn.Linear(h, b)
+        self.flip = dist.is_initialized() and dist.get_rank() % 2 == 1
+
+    def forward(self, x):
+        if self.flip:                              # the same sum, its terms computed in the other order
+            right = torch.sin(self.right(x))
+            left = torch.tanh(self.left(x))
+        else:
+            left = torch.tanh(self.left(x))
+            right = torch.sin(self.right(x))
+        return self.out(left + right)
+
+
+MODELS = {"branchy": Branchy, "chain": Chain, "crossed": Crossed}
 
 
 def model_of(kind, sizes, seed):
@@ -434,15 +456,17 @@ def _check_buckets(where, log, numels, bucket_bytes, itemsize=8):
 
 @exercise
 def ddp(your_DDP):
-    """Your DDP on 2 processes, each rank starting from its own weights, on two models whose gradients land out of
-    the parameters' reverse order: broadcast; every gradient all-reduced once, in buckets that close at
-    bucket_bytes, sent asynchronously during backward as soon as complete; finish() averaging once; no_sync()
-    for gradient accumulation; the training equal to one process on the global batch."""
+    """Your DDP on 2 processes, each rank starting from its own weights, on three models whose gradients land out of
+    the parameters' reverse order (the third's in another order on each rank): broadcast; every gradient
+    all-reduced once, in buckets that close at bucket_bytes, sent asynchronously during backward as soon as
+    complete, in one order on every rank; finish() averaging once; no_sync() for gradient accumulation; the
+    training equal to one process on the global batch."""
     seed, steps = int(rng().integers(1 << 20)), 3
     a, h, b = int(rng().integers(2, 7)), int(rng().integers(3, 12)), int(rng().integers(1, 5))
     width = int(rng().integers(2, 7))
     cases = [("branchy", [a, h, b], 0), ("branchy", [a, h, b], a * b * 8), ("branchy", [a, h, b], 2**20),
-             ("chain", [width], 2 * width * width * 8)]   # the second: exactly the skip layer's bytes
+             ("chain", [width], 2 * width * width * 8),   # the second: exactly the skip layer's bytes
+             ("crossed", [a, h, b], 0)]                   # gradients land in another order on each rank
     ps = world_sizes((2,))
     for p in ps:
         rows = p * 2 * int(rng().integers(1, 4))   # equal slices, each cut in two micro-batches at step 1
@@ -465,7 +489,7 @@ def ddp(your_DDP):
                     require(buckets == orders[0].get(step), f"{where}, step {step}: rank {rank} sent the buckets "
                             f"{[list(b) for b in buckets]}, rank 0 {[list(b) for b in orders[0].get(step, [])]}",
                             hint="collectives pair up in call order: every rank sends the same buckets in the same "
-                                 "order (lesson 11, *Buckets*)")
+                                 "order, whatever order its gradients land in (lesson 11, *Buckets*)")
             for rank, result in enumerate(results):
                 for i, (yours, exp) in enumerate(zip(result["params"], expected)):
                     assert_close(yours, exp, what=f"{where}, rank {rank}: parameter {i} after {steps} SGD steps "
@@ -473,8 +497,9 @@ def ddp(your_DDP):
                                  mistakes={"the gradients were summed, not averaged: the mean divides the sum by the "
                                            "world size": summed[i],
                                            "the gradients were divided by the world size twice": halved[i]})
-    return (f"2 models, 4 bucket sizes, {'/'.join(map(str, ps))} ranks against one process; the buckets left "
-            "during backward, each as soon as complete")
+    return (f"3 models, {len(cases)} cases, {'/'.join(map(str, ps))} ranks against one process; the buckets left "
+            "during backward, each as soon as complete, in one order on every rank, also where gradients land in "
+            "another order on each rank")
 
 
 # ---- 3. the ZeRO-1 wrapper -------------------------------------------------------------------------
@@ -531,7 +556,9 @@ def zero_optimizer(your_ZeroOptimizer):
     while len(cases) < 4:
         sizes = [int(s) for s in rng().integers(2, 8, 4)]   # three layers, six tensors
         n = sum(a * b + b for a, b in zip(sizes, sizes[1:]))
-        if n % 2 and n % 3:
+        # N not a multiple of 2 or 3, and N mod 3 once 1, once 2: shares of unequal sizes in either order, so
+        # that padding a share for all_gather and keeping the padding shows in the middle of the parameters
+        if n % 2 and n % 3 and (len(cases) == 3 or n % 3 == len(cases)):
             cases.append((sizes, ["AdamW", "SGD", third][len(cases) - 1]))
     rows = int(rng().integers(2, 7))
     ps = world_sizes((3,))
