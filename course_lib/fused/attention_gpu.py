@@ -146,13 +146,12 @@ def forward_kernel(dtype, D, DV):
             cuda.syncthreads()
 
             for j in range(BK):                                   # O += P V, a 4 x E block per thread
-                for ii in range(RM):
-                    a[ii] = kp[j * BQ + r * RM + ii]
                 for e in range(E):
-                    b[e] = vs[j, c + LANES * e]
+                    b[e] = vs[j, c + LANES * e]                   # key j's values, this lane's columns
                 for ii in range(RM):
+                    p = kp[j * BQ + r * RM + ii]                  # row ii's weight of key j
                     for e in range(E):
-                        acc[ii, e] += a[ii] * b[e]
+                        acc[ii, e] += p * b[e]
             cuda.syncthreads()                                    # before the next tile overwrites them
 
         for ii in range(RM):
@@ -290,11 +289,11 @@ def backward_kernels(dtype, D, DV):
         vs = cuda.shared.array((BT, DVP), dtype)
         qr = cuda.local.array(ED, dtype)         # q * scale * log2(e), this lane's share
         dqr = cuda.local.array(ED, dtype)
-        dor = cuda.local.array(EV, dtype)
         for e in range(ED):
             col = c + LANES * e
             qr[e] = q[h, i, col] * qscale if i < Tq and col < D else 0
             dqr[e] = 0
+        dor = cuda.local.array(EV, dtype)
         for e in range(EV):
             col = c + LANES * e
             dor[e] = do[h, i, col] if i < Tq and col < DV else 0
