@@ -472,7 +472,8 @@ def test_flash_backward_rejects(wrong, match):
 
 # ---- 5. the CUDA kernel, on the simulator -----------------------------------------------------
 
-def cuda_kernel(sync_after_load=True, sync_after_use=True, idle_threads_load=True, load_row="key", scaled=True):
+def cuda_kernel(sync_after_load=True, sync_after_use=True, idle_threads_load=True, load_row="key", scaled=True,
+                key_stop="last"):
     """The forward as a CUDA kernel, with one of its barriers or loads wrong when a flag says so."""
 
     @cuda.jit
@@ -490,7 +491,8 @@ def cuda_kernel(sync_after_load=True, sync_after_use=True, idle_threads_load=Tru
         for c in range(dv):
             acc[c] = 0.0
         m, den = -math.inf, 0.0
-        k_end = min(Tk, i0 + TILE + Tk - Tq) if causal else Tk
+        last_seen = i0 + (TILE - 1 if key_stop == "last" else 0) + Tk - Tq   # the last key the block needs
+        k_end = min(Tk, last_seen + 1) if causal else Tk
         for j0 in range(0, k_end, TILE):
             row = j0 + t if load_row == "key" else min(i, Tk - 1)
             if j0 + t < Tk:
@@ -546,6 +548,7 @@ def test_flash_forward_cuda_passes_on_the_course_kernel_and_on_a_right_one():
     (dict(idle_threads_load=False), "threads past Tq still load"),
     (dict(load_row="query"), None),
     (dict(scaled=False), "multiplied by scale"),
+    (dict(key_stop="first"), None),   # right whenever Tk - Tq is a multiple of the tile
 ])
 def test_flash_forward_cuda_rejects(mistake, match):
     expect_failure(check.flash_forward_cuda, cuda_kernel(**mistake), TILE, match=match)
