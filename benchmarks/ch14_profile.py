@@ -257,12 +257,26 @@ def profile_speculative(pair, trace, k):
     watch = Stopwatch()
     blocks = 512 // BLOCK + 1
     target, draft = PagedGPT.from_gpt(pair.target, blocks, BLOCK), PagedGPT.from_gpt(pair.draft, blocks, BLOCK)
-    target.forward = watch.wrap("target", target.forward)
-    draft.forward = watch.wrap("draft", draft.forward)
+    sizes = collections.defaultdict(lambda: [0, 0.0])   # (run, model, tokens per call) -> [calls, seconds]
+    run_name = ["speculative"]
+
+    def by_size(name, forward):
+        def timed(tokens, *rest):
+            start = time.perf_counter()
+            out = forward(tokens, *rest)
+            entry = sizes[(run_name[0], name, "prefill" if len(tokens) > k + 1 else len(tokens))]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - start
+            return out
+        return timed
+
+    target.forward = by_size("target", watch.wrap("target", target.forward))
+    draft.forward = by_size("draft", watch.wrap("draft", draft.forward))
     prompts = [q[-128:] for _, q, _ in trace[:8]]
     speculative_generate(target, draft, prompts[0], 8, k, accept)            # kernels loaded
     watch.seconds.clear()
     watch.calls.clear()
+    sizes.clear()
     spec = {"target": 0.0, "draft": 0.0, "wall": 0.0}
     alone = {"target": 0.0, "wall": 0.0}
     calls = collections.Counter()
@@ -275,10 +289,12 @@ def profile_speculative(pair, trace, k):
             spec[m] += watch.seconds[m] - before.get(m, 0.0)
         calls.update(stats)
         before = watch.seconds["target"]
+        run_name[0] = "alone"
         start = time.perf_counter()
         plain_generate(target, q, 128)
         alone["wall"] += time.perf_counter() - start
         alone["target"] += watch.seconds["target"] - before
+        run_name[0] = "speculative"
     n = 128 * len(prompts)
     print(f"speculative: {spec['wall']:.2f} s = target {spec['target']:.2f} s ({calls['target_calls']} calls, "
           f"{spec['target'] / calls['target_calls'] * 1000:.2f} ms each) + draft {spec['draft']:.2f} s "
@@ -290,6 +306,13 @@ def profile_speculative(pair, trace, k):
           f"{alone['target'] / n * 1000:.2f} ms each) + the rest {alone['wall'] - alone['target']:.2f} s")
     print(f"speed-up {alone['wall'] / spec['wall']:.2f}x; with a draft that cost nothing it would be "
           f"{alone['wall'] / (spec['wall'] - spec['draft']):.2f}x")
+    print("| run | model | tokens per call | calls | ms per call | seconds |")
+    print("|---|---|---|---:|---:|---:|")
+    for (run, name, size), (n_calls, seconds) in sorted(sizes.items(), key=lambda kv: str(kv[0])):
+        print(f"| {run} | {name} | {size} | {n_calls} | {seconds / n_calls * 1000:.2f} | {seconds:.2f} |")
+    prefill = sum(v[1] for (run, _, size), v in sizes.items() if run == "alone" and size == "prefill")
+    prefill_spec = sum(v[1] for (run, _, size), v in sizes.items() if run == "speculative" and size == "prefill")
+    print(f"without the prompts' prefills: {(alone['wall'] - prefill) / (spec['wall'] - prefill_spec):.2f}x")
 
     print()
     print("## one call at batch 1, at position 200 of a 128-token prompt's sequence (ms)")
