@@ -22,12 +22,25 @@ def quantize(w):
     return q, scale
 
 
+# Below this many multiply-adds a product runs on the calling thread: waking the other threads of a
+# parallel loop costs tens of microseconds, more than a decode step's product takes on one core.
+PARALLEL_FROM = 1 << 21
+
+
 @numba.njit(parallel=True, fastmath=True, cache=True)
 def int8_matmul(x, q, scale, out):
     """The course's answer to exercise 14.5 (`int8_linear`): read it once your check passes.
 
     out (n, out) = x (n, in) @ (q * scale[:, None]).T, dequantizing each weight as it is read."""
     n, k = x.shape
+    if n * q.size < PARALLEL_FROM:                     # small: the same loops, on this thread
+        for j in range(q.shape[0]):
+            for i in range(n):
+                acc = np.float32(0.0)
+                for c in range(k):
+                    acc += x[i, c] * np.float32(q[j, c])
+                out[i, j] = acc * scale[j]
+        return
     for j in prange(q.shape[0]):                       # one output channel per task: its row read once
         for i in range(n):
             acc = np.float32(0.0)

@@ -61,7 +61,9 @@ def layer_norm(x, g, b, eps=1e-5):
 
 
 def gelu_tanh(x):
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    # x * x * x, not x ** 3: on float32, numpy's power calls pow for every element, about 60 ns each,
+    # which made this line a third of a decode step's time
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
 
 
 class PagedGPT:
