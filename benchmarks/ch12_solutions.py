@@ -24,16 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CARRIED = ("01", "02", "06")
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("notebook", nargs="?", default=str(ROOT / "solutions" / "12_capstone.ipynb"))
-    p.add_argument("--keep", help="a folder to keep the workspace in (default: a temporary one, removed)")
-    p.add_argument("--timeout", type=int, default=900)
-    args = p.parse_args()
-    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ch12-solutions-"))
+def execute_as_learner(notebook, passed, keep=None, timeout=900):
+    """Run `notebook` from the exercises/ of a workspace in which chapters `passed` are saved as a learner's
+    passing checks save them, then write it back in place (per-run metadata dropped). ch13_solutions.py
+    calls this too."""
+    folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="solutions-"))
     work = folder / "work"
-    if work.exists():
-        shutil.rmtree(work)
+    shutil.rmtree(work, ignore_errors=True)
     os.environ["COURSE_WORKSPACE"] = str(work)
     os.environ.pop("COURSE_PROGRESS_FILE", None)
     sys.path.insert(0, str(ROOT / "tests"))
@@ -41,19 +38,27 @@ def main():
 
     from course_lib.course import nbtools
 
-    start = time.perf_counter()
-    for chapter in CARRIED:
+    for chapter in passed:
+        start = time.perf_counter()
         carried.save_reference(chapter, work)
-    print(f"the reference answers of chapters {', '.join(CARRIED)} saved as a learner's in {work} "
-          f"({time.perf_counter() - start:.0f} s)")
+        print(f"chapter {chapter}'s reference answers saved as a learner's ({time.perf_counter() - start:.0f} s)")
     (work / "exercises").mkdir(parents=True, exist_ok=True)
-    path = Path(args.notebook)
+    path = Path(notebook)
     start = time.perf_counter()
-    nb = nbtools.execute(nbtools.read(path), cwd=work / "exercises", timeout=args.timeout)
+    nb = nbtools.execute(nbtools.read(path), cwd=work / "exercises", timeout=timeout)
     nbtools.write(nbtools.clean_metadata(nb), path)
-    print(f"executed {path} in {time.perf_counter() - start:.0f} s")
-    if not args.keep:
+    print(f"executed {path} in {time.perf_counter() - start:.0f} s, from {work}")
+    if not keep:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("notebook", nargs="?", default=str(ROOT / "solutions" / "12_capstone.ipynb"))
+    p.add_argument("--keep", help="a folder to keep the workspace in (default: a temporary one, removed)")
+    p.add_argument("--timeout", type=int, default=900)
+    args = p.parse_args()
+    execute_as_learner(args.notebook, CARRIED, args.keep, args.timeout)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,9 @@ metadata dropped, as `course execute` does). A few minutes on 2 idle cores.
 """
 
 import argparse
-import os
-import shutil
-import sys
-import tempfile
-import time
 from pathlib import Path
+
+from ch12_solutions import execute_as_learner
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSED = ("01", "02", "06", "12")     # what chapter 13's payoff runs of the learner's, besides chapter 13
@@ -31,27 +28,7 @@ def main():
     p.add_argument("--keep", help="a folder to keep the workspace in (default: a temporary one, removed)")
     p.add_argument("--timeout", type=int, default=900)
     args = p.parse_args()
-    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ch13-solutions-"))
-    work = folder / "work"
-    shutil.rmtree(work, ignore_errors=True)
-    os.environ["COURSE_WORKSPACE"] = str(work)
-    os.environ.pop("COURSE_PROGRESS_FILE", None)
-    sys.path.insert(0, str(ROOT / "tests"))
-    import carried
-
-    from course_lib.course import nbtools
-
-    for chapter in PASSED:
-        start = time.perf_counter()
-        carried.save_reference(chapter, work)
-        print(f"chapter {chapter}'s reference answers saved as a learner's ({time.perf_counter() - start:.0f} s)")
-    path = Path(args.notebook)
-    start = time.perf_counter()
-    nb = nbtools.execute(nbtools.read(path), cwd=work / "exercises", timeout=args.timeout)
-    nbtools.write(nbtools.clean_metadata(nb), path)
-    print(f"executed {path} in {time.perf_counter() - start:.0f} s, from {work}")
-    if not args.keep:
-        shutil.rmtree(folder, ignore_errors=True)
+    execute_as_learner(args.notebook, PASSED, args.keep, args.timeout)
 
 
 if __name__ == "__main__":
