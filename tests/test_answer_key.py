@@ -748,3 +748,163 @@ def test_the_copy_finder_sees_renamed_code():
     renamed = [re.sub(r"\bchapter\b", "ch", line) for line in lines]
     found = {(m, n) for m, n, _ in copies_of(renamed)}
     assert any(m == "course_lib.checks" and d.start <= n <= d.end for m, n in found)
+
+
+# ---- lessons never run an answer before its exercise -----------------------------------------------------
+
+@cache
+def answer_index():
+    """{(module, qualname): exercise} for every definition the key names."""
+    return {(d.module, d.qualname): ex for ex in EXERCISES for d in answer_definitions(ex.ident)}
+
+
+def answer_of(obj):
+    """The exercise whose answer `obj` is (a function, a class, a method, a compiled kernel), or None."""
+    obj = getattr(obj, "py_func", obj)          # a Numba dispatcher: the Python function it compiles
+    try:
+        obj = inspect.unwrap(obj)
+    except ValueError:
+        return None
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return None
+    return answer_index().get((module, qualname))
+
+
+def member(obj, attr):
+    """getattr, and for a package a submodule that nothing has imported yet (`from course_lib import graph`)."""
+    found = getattr(obj, attr, None)
+    if found is None and inspect.ismodule(obj) and hasattr(obj, "__path__"):
+        try:
+            found = importlib.import_module(f"{obj.__name__}.{attr}")
+        except ImportError:
+            return None
+    return found
+
+
+def dotted_chain(node):
+    """(`a`, ['b', 'c']) for the expression a.b.c, else (None, [])."""
+    chain = []
+    while isinstance(node, ast.Attribute):
+        chain.append(node.attr)
+        node = node.value
+    return (node.id, chain[::-1]) if isinstance(node, ast.Name) else (None, [])
+
+
+def answers_used(source, where, chapter, names):
+    """The answers of chapter `chapter` or a later one that a lesson's code cell imports or calls, each as
+    a message. `names` ({local name: object}) carries the notebook's course_lib imports from cell to cell.
+
+    Only a definition the key names counts (a function, a class, a method reached as `Cls.method`): the
+    library's entry points that the later chapters build on (`Mamba`, `discretize`, `train`) run answers
+    inside them, and a lesson may use them as long as they are not answers themselves."""
+    tree = parse_cell(source)
+    if tree is None:
+        return []
+    found = []
+
+    def flag(verb, shown, obj):
+        ex = answer_of(obj)
+        if ex is not None and ex.chapter >= chapter:
+            home = f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', shown)}"
+            found.append(f"{where} {verb} `{shown}` ({home}), the course's answer to exercise {ex.ident} "
+                         f"(`{ex.name}`), which the learner has not yet written")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "course_lib":
+            try:
+                module = importlib.import_module(node.module)
+            except ImportError:
+                continue
+            for alias in node.names:
+                obj = member(module, alias.name)
+                if obj is None:
+                    continue
+                names[alias.asname or alias.name] = obj
+                flag("imports", alias.name, obj)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "course_lib":
+                    names[alias.asname or "course_lib"] = importlib.import_module(
+                        alias.name if alias.asname else "course_lib")
+    calls = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Name, ast.Attribute)) or not isinstance(node.ctx, ast.Load):
+            continue
+        head, chain = dotted_chain(node)
+        if head not in names:
+            continue
+        obj = names[head]
+        for attr in chain:
+            obj = member(obj, attr) if obj is not None else None
+        if obj is None or (inspect.ismodule(names[head]) and not chain):
+            continue
+        flag("calls" if id(node) in calls else "uses", ".".join([head] + chain), obj)
+    return found
+
+
+def lesson_answer_uses(path):
+    """Every use of an answer of its chapter or a later one in a lesson's code cells (NN_*.ipynb comes
+    before exercises NN.*)."""
+    chapter, names, found = path.name[:2], {}, []
+    for i, cell in enumerate(nbtools.read(path).cells):
+        if cell.cell_type == "code":
+            found += answers_used(cell.source, f"lesson {path.name} cell {i}", chapter, names)
+    return list(dict.fromkeys(found))
+
+
+LESSONS = sorted((REPO_DIR / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+# Lessons that still run answers of their own chapter, to be rebuilt another way. The mark is strict: a
+# lesson that no longer does must leave this list, and no lesson may join it.
+STILL_RUNS_ANSWERS = {
+    "02_tensors": "nn.Linear (02.9), which trains the lesson's MLP",
+    "03_graph_mode": "G.topological_order (03.1), G.Session (03.2), G.gradients (03.6), G.fold_constants (03.7), "
+                     "G.eliminate_common_subexpressions (03.8)",
+    "04_gpt": "CharTokenizer (04.1), causal_attention (04.3), CausalSelfAttention (04.4), Block (04.5), "
+              "top_k_filter (04.7), KVCache (04.9), and gpt.schedule.lr_at (12.10)",
+    "09_inference_engine": "passes.fold_constants (09.5), passes.fuse_matmul_add (09.6)",
+}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
+    strict=True, reason=f"still runs {STILL_RUNS_ANSWERS[p.stem]}")) if p.stem in STILL_RUNS_ANSWERS else p
+    for p in LESSONS], ids=lambda p: p.stem)
+def test_no_lesson_runs_an_answer_before_its_exercise(path):
+    problems = lesson_answer_uses(path)
+    assert not problems, (f"{path.name} runs the course's answer to an exercise that comes after it (build what "
+                          "the lesson shows another way, or use the library's entry point that is not an "
+                          "answer):\n  " + "\n  ".join(problems))
+
+
+def test_the_lesson_reader_sees_imports_and_calls_of_answers():
+    # main's lesson 05 before it was rebuilt: its imports (cell 3) and its discretization (cell 11)
+    names = {}
+    cell3 = ("from course_lib.mamba import (discretize, discretize_euler, discretize_zoh, readout, selective_scan_chunked,\n"
+             "                              selective_scan_parallel, selective_scan_sequential, ssm_convolve, ssm_kernel,\n"
+             "                              ssm_recurrent)\n"
+             "from course_lib.mamba import Mamba, MambaBlock, MambaCache, MambaConfig\n")
+    found = answers_used(cell3, "lesson 05_mamba.ipynb cell 3", "05", names)
+    assert len(found) == 2, found
+    assert "lesson 05_mamba.ipynb cell 3 imports `discretize_zoh`" in found[0] and "exercise 05.1" in found[0]
+    assert "imports `selective_scan_sequential`" in found[1] and "exercise 05.2 (`selective_scan`)" in found[1]
+    found = answers_used("A_bar, B_bar = discretize_zoh(A4, B4, 0.2)\n", "lesson 05_mamba.ipynb cell 11", "05", names)
+    assert found == ["lesson 05_mamba.ipynb cell 11 calls `discretize_zoh` (course_lib.mamba.ssm:discretize_zoh), "
+                     "the course's answer to exercise 05.1 (`discretize_zoh`), which the learner has not yet written"]
+    found = answers_used('for name, rule in [("ZOH", discretize_zoh), ("Euler", discretize_euler)]:\n    rule(a, b, 0.3)\n',
+                         "cell 9", "05", names)
+    assert len(found) == 1 and "cell 9 uses `discretize_zoh`" in found[0]
+    # through a module alias (a subpackage imported by name too), and a method reached through its class
+    assert len(answers_used("from course_lib import graph as G\nG.gradients(y, [x])\n", "cell 1", "03", {})) == 1
+    found = answers_used("import course_lib.mamba.scan as scan\nfrom course_lib.mamba import MambaBlock\n"
+                         "scan.selective_scan_sequential(x, d, A, B, C, D)\nMambaBlock.step\n", "cell 1", "05", {})
+    assert sorted(m.split("`")[1] for m in found) == ["MambaBlock.step", "scan.selective_scan_sequential"], found
+    # no false positives: the library's entry points that are not answers themselves
+    fine = ("from course_lib.mamba import Mamba, MambaBlock, MambaConfig, discretize, selective_scan_chunked\n"
+            "from course_lib.gpt import TrainConfig, train\n"
+            "y = selective_scan_chunked(*args)\nmodel = Mamba(MambaConfig())\na, b = discretize(x, d, A, B)\n")
+    assert answers_used(fine, "cell 1", "05", {}) == []
+    # an answer of an earlier chapter is the learner's by now; in its own chapter's lesson it is not
+    earlier = "from course_lib.gpt.model import KVCache\ncache = KVCache(2)\n"
+    assert answers_used(earlier, "cell 1", "05", {}) == []
+    assert len(answers_used(earlier, "cell 1", "04", {})) == 2

@@ -190,7 +190,8 @@ def shrink(x, *, bias=0.0, lambd=0.5):
 @register("Gelu", since=20)
 def gelu(x, *, approximate="none"):
     if approximate == "tanh":
-        y = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+        # x * x * x, not x ** 3: on float32, numpy's power calls pow once per element, far slower than two products
+        y = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * (x * x * x))))
     else:
         y = 0.5 * x * (1 + _erf(x / np.sqrt(2)))
     return y.astype(x.dtype)
