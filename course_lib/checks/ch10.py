@@ -11,14 +11,18 @@ do not depend on the machine or its thread count:
   query tile, so that the thread count cannot change it), the backward's must not grow like T^2;
 - causal tiles left unread: NaN planted in the keys and values (and, for the backward, the queries and
   output gradients) of tiles that no query sees must not reach the rows that cannot see them: any
-  arithmetic on a masked entry shows, since 0 * NaN is NaN (a kernel that computes a masked score and then
-  replaces it, by a branch or a select, leaves no trace in the values, and is not caught);
+  arithmetic on a masked entry shows, since 0 * NaN is NaN;
+- causal tiles left uncomputed: a kernel that computes a masked score and then replaces it (by a branch or a
+  select) leaves no trace in the values. So the kernel also runs as plain Python on inputs where only the
+  score of a query and a key that no tile needs overflows, with numpy told to raise on overflow;
 - parallel: a kernel compiled with parallel=True has a loop that Numba's own diagnostics say runs in
   parallel (chapter 06's test): a serial range under parallel=True is caught;
 - the online softmax's running max: scores far below zero, where any other start than -inf underflows.
 """
 
 import itertools
+import traceback
+import types
 
 import numpy as np
 import torch
@@ -368,10 +372,12 @@ def flash_forward(your_flash_forward):
     assert_close(lse, ref_lse, what="lse in float32", rtol=1e-4, atol=2e-5)
     Tks = _forward_scratch(your_flash_forward)
     _causal_skip_forward(your_flash_forward)
+    probed = _hidden_scores(your_flash_forward, "forward", lambda q, k, v, BQ, BK: (
+        q, k, v, _nan(q.shape[:2] + v.shape[2:]), _nan(q.shape[:2]), 0.5, True, BQ, BK))
     parallel = _parallel_if_asked(your_flash_forward, "flash_forward")
     return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), scores far "
             f"below zero, float32; scratch flat from Tk = {Tks[0]} to {Tks[-1]}; NaN in keys and values that a query "
-            f"tile cannot see stayed out of its rows{parallel}")
+            f"tile cannot see stayed out of its rows{probed}{parallel}")
 
 
 def _row_max(q, k, v, causal, scale):
@@ -440,6 +446,113 @@ def _causal_skip_forward(kernel):
                 f"which at large T is half of all tiles.",
                 hint="a key tile that no row of the query tile can see needs no work at all (lesson 10, section 8's "
                      "grid of visited and skipped tiles).")
+
+
+# ---- tiles that no query sees: a score computed there overflows -----------------------------------
+
+
+def _as_python(fn, done=None):
+    """The Python source of a Numba function (or of a Python function, at the top), with the Numba functions
+    it calls (by name, through a module or from a closure) turned back into Python too. Run so, each product
+    is numpy's, and `np.errstate` can make an overflow raise where it happens. Anything else comes back as
+    it is."""
+    top, done = done is None, {} if done is None else done
+    py = getattr(fn, "py_func", fn if top else None)
+    if not isinstance(py, types.FunctionType):
+        return fn
+    if py not in done:
+        scope, cells = dict(py.__globals__), tuple(types.CellType() for _ in py.__closure__ or ())
+        done[py] = types.FunctionType(py.__code__, scope, py.__name__, py.__defaults__, cells or None)
+        for name in _global_names(py.__code__) & scope.keys():
+            scope[name] = _python_side(scope[name], done)
+        for cell, theirs in zip(cells, py.__closure__ or ()):
+            cell.cell_contents = _python_side(theirs.cell_contents, done)
+    return done[py]
+
+
+def _global_names(code):
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+class _PythonModule:
+    """A module seen through _as_python: its Numba functions come out as Python."""
+
+    def __init__(self, module, done):
+        self._module, self._done = module, done
+
+    def __getattr__(self, name):
+        return _python_side(getattr(self._module, name), self._done)
+
+
+def _python_side(value, done):
+    if isinstance(value, types.ModuleType) and value.__name__.split(".")[0] not in ("numpy", "numba", "math"):
+        return _PythonModule(value, done)
+    return _as_python(value, done)
+
+
+def _meeting_inputs(BH, Tq, Tk, d, dv, BQ, BK):
+    """Inputs on which a causal kernel can only compute an overflow where it need not compute at all. The
+    queries of the first query tile and the keys that no query tile holding one of them can see carry 1e200
+    in feature 0, which every other query and key has at 0. So every score a causal kernel needs is an
+    ordinary number, and the score of such a (query, key) pair is 1e400: an overflow in float64, whatever
+    the kernel does with it afterwards (a branch, a select or a multiply by 0). The margin (a query tile and
+    a key tile) lets any alignment of the tiles pass."""
+    q, k, v = _attention_inputs(BH, Tq, Tk, d, dv)
+    first = 2 * BQ + BK - 1 + Tk - Tq
+    q[..., 0], k[..., 0] = 0.0, 0.0
+    q[:, :BQ, 0], k[:, first:, 0] = 1e200, 1e200
+    return q, k, v, first
+
+
+def _where_it_overflowed(error):
+    """'line N of name: source' for the innermost frame of the learner's code in the traceback."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if "numpy" not in f.filename.replace("\\", "/").split("/") and not f.filename.endswith("ch10.py")]
+    if not frames:
+        return "in your kernel"
+    f = frames[-1]
+    return f"at `{f.line.strip()}` (in {f.name})" if f.line else f"in {f.name}"
+
+
+def _hidden_scores(kernel, pass_name, arguments):
+    """Runs the kernel as plain Python (_as_python) on _meeting_inputs, turned into its arguments by
+    `arguments(q, k, v, BQ, BK)`; refuses it if a product overflows. Returns the pass line's words: what was
+    probed, or that the kernel could not run as Python."""
+    python = _as_python(kernel)
+    for BH, Tq, Tk in ((1, 29, 29), (1, 21, 45)):
+        BQ, BK, d = 4, 8, 4
+        q, k, v, first = _meeting_inputs(BH, Tq, Tk, d, d, BQ, BK)
+        args = arguments(q, k, v, BQ, BK)
+        try:
+            with np.errstate(over="raise", invalid="ignore", divide="ignore", under="ignore"):
+                python(*args)
+        except FloatingPointError as e:
+            raise CheckFailed(
+                f"your {pass_name} computes scores of tiles that no query of the tile can see: with causal=True, Tq = "
+                f"{Tq}, Tk = {Tk}, BQ = {BQ}, BK = {BK}, the queries 0 .. {BQ - 1} and the keys {first} .. {Tk - 1} "
+                f"carry 1e200 in feature 0 (every other query and key 0 there), so a score is an ordinary number "
+                f"unless such a query meets such a key: then it overflows. Run as plain Python, your kernel "
+                f"overflowed {_where_it_overflowed(e)}. Set to -inf or 0 afterwards, the values come out right, but "
+                f"the tile was computed: at large T, half of all tiles.\n  hint: whether a key tile needs any work is "
+                f"known from the two tiles' first and last rows, before a single score (lesson 10, section 8's "
+                f"grid of visited and skipped tiles); the mask is for the tiles the diagonal cuts.") from None
+        except Exception:
+            return ("; tiles no query sees not probed for computed scores (your kernel does not run as plain "
+                    "Python)")
+    return "; no score computed in a tile no query sees"
+
+
+def _backward_arguments(q, k, v, BQ, BK):
+    """The backward's arguments for _hidden_scores: out and lse from numpy, where the masked scores that
+    overflow are replaced by -inf before they count."""
+    with np.errstate(all="ignore"):
+        out, lse, _ = _attention_np(q, k, v, True, 0.5)
+    do = rng().uniform(-1, 1, out.shape)
+    return (q, k, v, out, do, lse, _nan(q.shape), _nan(k.shape), _nan(v.shape), 0.5, True, BQ, BK)
 
 
 def _backward_memory(kernel):
@@ -567,10 +680,11 @@ def flash_backward(your_flash_backward):
         assert_close(g, e, what=f"{name} in float32, Tq = Tk = 70, BQ = 32, BK = 16", rtol=1e-3, atol=1e-4)
     Ts = _backward_memory(your_flash_backward)
     _causal_skip_backward(your_flash_backward)
+    probed = _hidden_scores(your_flash_backward, "backward", _backward_arguments)
     parallel = _parallel_if_asked(your_flash_backward, "flash_backward")
     return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), float32; no "
             f"(T, T) matrix from T = {Ts[0]} to {Ts[-1]}; NaN in tiles no query sees stayed out of dq, dk and dv"
-            f"{parallel}")
+            f"{probed}{parallel}")
 
 
 # ---- 5. the forward as a CUDA kernel ------------------------------------------------------------
