@@ -99,11 +99,12 @@ def test_online_softmax_messages_name_the_idea_not_the_line():
 # ---- 2. the fused scan ----------------------------------------------------------------------------
 
 def scan_numpy(x, delta, A, B, C, D, y, h_last, ckpt, chunk, history=False, ckpt_after=False, skip=True,
-               write_last=True):
-    """One channel at a time, in numpy; history=True keeps the (L, N) states of the channel (right values)."""
+               write_last=True, wide_state=False):
+    """One channel at a time, in numpy; history=True keeps the (L, N) states of the channel (right values),
+    wide_state=True keeps the state in float64 whatever the inputs (right values, more exact)."""
     bsz, L, Dm = x.shape
     for b, d in itertools.product(range(bsz), range(Dm)):
-        h = np.zeros(A.shape[1], x.dtype)
+        h = np.zeros(A.shape[1], np.float64 if wide_state else x.dtype)
         states = np.empty((L, A.shape[1]), x.dtype) if history else None
         for t in range(L):
             if t % chunk == 0 and not ckpt_after:
@@ -180,6 +181,7 @@ def test_fused_scan_accepts_the_course_kernel_and_other_correct_ones():
     (lambda *a: scan_numpy(*a, ckpt_after=True), "state after their step"),
     (lambda *a: scan_numpy(*a, skip=False), "D skip"),
     (lambda *a: scan_numpy(*a, write_last=False), "h_last"),
+    (lambda *a: scan_numpy(*a, wide_state=True), "float32 work must stay float32"),
 ])
 def test_fused_scan_rejects(wrong, match):
     expect_failure(check.fused_scan, wrong, match=match)

@@ -124,6 +124,92 @@ def online_softmax_update(your_online_softmax_update):
     return "6 tiles: the first one, a rising max, huge and masked scores, 3 random"
 
 
+# ---- a kernel run as plain Python ---------------------------------------------------------------
+
+
+class _AsPython:
+    """The Python source of a Numba kernel, with the Numba functions it calls (by name, through a module or
+    from a closure) and the Python functions of its own module turned back into Python too. Run so, every
+    product is numpy's, so that `np.errstate` makes an overflow raise where it happens, and `numpy` (the
+    module the kernel's code sees as numpy) can be an instrument. Numba runs the same source; only its
+    speed differs."""
+
+    def __init__(self, numpy=np):
+        self.numpy, self.done, self.home = numpy, {}, None
+
+    def function(self, fn, top=False):
+        mine = isinstance(fn, types.FunctionType) and (top or fn.__globals__ is self.home)
+        py = getattr(fn, "py_func", fn if mine else None)
+        if not isinstance(py, types.FunctionType):
+            return fn
+        self.home = self.home if self.home is not None else py.__globals__
+        if py not in self.done:
+            scope, cells = dict(py.__globals__), tuple(types.CellType() for _ in py.__closure__ or ())
+            self.done[py] = types.FunctionType(py.__code__, scope, py.__name__, py.__defaults__, cells or None)
+            for name in _global_names(py.__code__) & scope.keys():
+                scope[name] = self.value(scope[name])
+            for cell, theirs in zip(cells, py.__closure__ or ()):
+                cell.cell_contents = self.value(theirs.cell_contents)
+        return self.done[py]
+
+    def value(self, value):
+        if value is np:
+            return self.numpy
+        if isinstance(value, types.ModuleType) and value.__name__.split(".")[0] not in ("numpy", "numba", "math"):
+            return _PythonModule(value, self)
+        return self.function(value)
+
+
+def _global_names(code):
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+class _PythonModule:
+    """A module seen through _AsPython: its Numba functions come out as Python."""
+
+    def __init__(self, module, as_python):
+        self._module, self._as_python = module, as_python
+
+    def __getattr__(self, name):
+        return self._as_python.value(getattr(self._module, name))
+
+
+class _Allocations:
+    """numpy as a kernel run by _AsPython sees it, where the functions that make an array note its dtype and
+    the kernel's line that asked for it."""
+
+    MAKERS = {"empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like", "array"}
+
+    def __init__(self):
+        self.made = []
+
+    def __getattr__(self, name):
+        make = getattr(np, name)
+        if name not in self.MAKERS:
+            return make
+
+        def noted(*args, **kwargs):
+            out = make(*args, **kwargs)
+            line = traceback.extract_stack(limit=2)[0].line or name
+            self.made.append((np.dtype(out.dtype), out.shape, line.strip()))
+            return out
+        return noted
+
+
+def _your_line(error):
+    """`source` (in name) for the innermost frame of the learner's code in the traceback."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if "numpy" not in f.filename.replace("\\", "/").split("/") and not f.filename.endswith("ch10.py")]
+    if not frames:
+        return "in your kernel"
+    f = frames[-1]
+    return f"at `{f.line.strip()}` (in {f.name})" if f.line else f"in {f.name}"
+
+
 # ---- 2. the fused selective scan ---------------------------------------------------------------
 
 
@@ -206,9 +292,30 @@ def fused_scan(your_fused_scan):
         assert_close(got / scale, exp / scale, what=f"{name} in float32 (divided by its largest value), (b, L, D, N) = "
                      "(2, 50, 8, 16)", rtol=0, atol=1e-5, hint="float32 work must stay float32, with float32 states")
     Ls = _scan_memory(your_fused_scan)
+    float32 = _float32_work(your_fused_scan)
     parallel = _parallel_if_asked(your_fused_scan, "fused_scan")
     return (f"{len(cases)} shapes (L = 1, L not a multiple of the chunk, chunk = 1) in float64, one in float32, "
-            f"scratch memory flat from L = {Ls[0]} to {Ls[-1]}{parallel}")
+            f"scratch memory flat from L = {Ls[0]} to {Ls[-1]}{float32}{parallel}")
+
+
+def _float32_work(kernel):
+    """A float32 run makes float32 arrays only: the kernel runs as plain Python on small float32 inputs, with
+    numpy's array makers noting each dtype. (A float64 state is N * 8 bytes a task: too few for tracemalloc
+    to tell, and its values are more exact, not wrong.)"""
+    numpy = _Allocations()
+    try:
+        _run_scan(_AsPython(numpy).function(kernel, top=True), scan_inputs(1, 6, 2, 3), 4, np.float32)
+    except Exception:
+        return "; the dtype of its scratch not probed (your kernel does not run as plain Python)"
+    wide = [(dtype, shape, line) for dtype, shape, line in numpy.made if dtype.kind in "fc" and dtype != np.float32]
+    if wide:
+        dtype, shape, line = wide[0]
+        raise CheckFailed(
+            f"in a float32 run your kernel makes a {dtype} array of shape {shape}, at `{line}`: the values come out "
+            f"right (more exact, even), but float32 work must stay float32, half the bytes of every state and twice "
+            f"the numbers a vector instruction holds.\n  hint: an array made without a dtype is float64; the "
+            f"exercise keeps the state in the inputs' own dtype (exercise 2's statement).")
+    return "; float32 work made float32 arrays only"
 
 
 def _least_peak(run, repeats=2):
@@ -451,49 +558,6 @@ def _causal_skip_forward(kernel):
 # ---- tiles that no query sees: a score computed there overflows -----------------------------------
 
 
-def _as_python(fn, done=None):
-    """The Python source of a Numba function (or of a Python function, at the top), with the Numba functions
-    it calls (by name, through a module or from a closure) turned back into Python too. Run so, each product
-    is numpy's, and `np.errstate` can make an overflow raise where it happens. Anything else comes back as
-    it is."""
-    top, done = done is None, {} if done is None else done
-    py = getattr(fn, "py_func", fn if top else None)
-    if not isinstance(py, types.FunctionType):
-        return fn
-    if py not in done:
-        scope, cells = dict(py.__globals__), tuple(types.CellType() for _ in py.__closure__ or ())
-        done[py] = types.FunctionType(py.__code__, scope, py.__name__, py.__defaults__, cells or None)
-        for name in _global_names(py.__code__) & scope.keys():
-            scope[name] = _python_side(scope[name], done)
-        for cell, theirs in zip(cells, py.__closure__ or ()):
-            cell.cell_contents = _python_side(theirs.cell_contents, done)
-    return done[py]
-
-
-def _global_names(code):
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
-
-class _PythonModule:
-    """A module seen through _as_python: its Numba functions come out as Python."""
-
-    def __init__(self, module, done):
-        self._module, self._done = module, done
-
-    def __getattr__(self, name):
-        return _python_side(getattr(self._module, name), self._done)
-
-
-def _python_side(value, done):
-    if isinstance(value, types.ModuleType) and value.__name__.split(".")[0] not in ("numpy", "numba", "math"):
-        return _PythonModule(value, done)
-    return _as_python(value, done)
-
-
 def _meeting_inputs(BH, Tq, Tk, d, dv, BQ, BK):
     """Inputs on which a causal kernel can only compute an overflow where it need not compute at all. The
     queries of the first query tile and the keys that no query tile holding one of them can see carry 1e200
@@ -508,21 +572,11 @@ def _meeting_inputs(BH, Tq, Tk, d, dv, BQ, BK):
     return q, k, v, first
 
 
-def _where_it_overflowed(error):
-    """'line N of name: source' for the innermost frame of the learner's code in the traceback."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if "numpy" not in f.filename.replace("\\", "/").split("/") and not f.filename.endswith("ch10.py")]
-    if not frames:
-        return "in your kernel"
-    f = frames[-1]
-    return f"at `{f.line.strip()}` (in {f.name})" if f.line else f"in {f.name}"
-
-
 def _hidden_scores(kernel, pass_name, arguments):
-    """Runs the kernel as plain Python (_as_python) on _meeting_inputs, turned into its arguments by
+    """Runs the kernel as plain Python (_AsPython) on _meeting_inputs, turned into its arguments by
     `arguments(q, k, v, BQ, BK)`; refuses it if a product overflows. Returns the pass line's words: what was
     probed, or that the kernel could not run as Python."""
-    python = _as_python(kernel)
+    python = _AsPython().function(kernel, top=True)
     for BH, Tq, Tk in ((1, 29, 29), (1, 21, 45)):
         BQ, BK, d = 4, 8, 4
         q, k, v, first = _meeting_inputs(BH, Tq, Tk, d, d, BQ, BK)
@@ -536,7 +590,7 @@ def _hidden_scores(kernel, pass_name, arguments):
                 f"{Tq}, Tk = {Tk}, BQ = {BQ}, BK = {BK}, the queries 0 .. {BQ - 1} and the keys {first} .. {Tk - 1} "
                 f"carry 1e200 in feature 0 (every other query and key 0 there), so a score is an ordinary number "
                 f"unless such a query meets such a key: then it overflows. Run as plain Python, your kernel "
-                f"overflowed {_where_it_overflowed(e)}. Set to -inf or 0 afterwards, the values come out right, but "
+                f"overflowed {_your_line(e)}. Set to -inf or 0 afterwards, the values come out right, but "
                 f"the tile was computed: at large T, half of all tiles.\n  hint: whether a key tile needs any work is "
                 f"known from the two tiles' first and last rows, before a single score (lesson 10, section 8's "
                 f"grid of visited and skipped tiles); the mask is for the tiles the diagonal cuts.") from None
