@@ -21,8 +21,6 @@ do not depend on the machine or its thread count:
 """
 
 import itertools
-import traceback
-import types
 
 import numpy as np
 import torch
@@ -31,6 +29,7 @@ import torch.nn.functional as F
 from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng
 from course_lib.checks.ch05 import scan_inputs  # chapter 05's random scan inputs, the same here
 from course_lib.checks.ch06 import _runs_in_parallel  # chapter 06's test: Numba made a prange loop parallel
+from course_lib.checks.plain_python import AsPython, caller_line, your_line
 from course_lib.memory import growth, peak_bytes
 
 
@@ -124,62 +123,11 @@ def online_softmax_update(your_online_softmax_update):
     return "6 tiles: the first one, a rising max, huge and masked scores, 3 random"
 
 
-# ---- a kernel run as plain Python ---------------------------------------------------------------
-
-
-class _AsPython:
-    """The Python source of a Numba kernel, with the Numba functions it calls (by name, through a module or
-    from a closure) and the Python functions of its own module turned back into Python too. Run so, every
-    product is numpy's, so that `np.errstate` makes an overflow raise where it happens, and `numpy` (the
-    module the kernel's code sees as numpy) can be an instrument. Numba runs the same source; only its
-    speed differs."""
-
-    def __init__(self, numpy=np):
-        self.numpy, self.done, self.home = numpy, {}, None
-
-    def function(self, fn, top=False):
-        mine = isinstance(fn, types.FunctionType) and (top or fn.__globals__ is self.home)
-        py = getattr(fn, "py_func", fn if mine else None)
-        if not isinstance(py, types.FunctionType):
-            return fn
-        self.home = self.home if self.home is not None else py.__globals__
-        if py not in self.done:
-            scope, cells = dict(py.__globals__), tuple(types.CellType() for _ in py.__closure__ or ())
-            self.done[py] = types.FunctionType(py.__code__, scope, py.__name__, py.__defaults__, cells or None)
-            for name in _global_names(py.__code__) & scope.keys():
-                scope[name] = self.value(scope[name])
-            for cell, theirs in zip(cells, py.__closure__ or ()):
-                cell.cell_contents = self.value(theirs.cell_contents)
-        return self.done[py]
-
-    def value(self, value):
-        if value is np:
-            return self.numpy
-        if isinstance(value, types.ModuleType) and value.__name__.split(".")[0] not in ("numpy", "numba", "math"):
-            return _PythonModule(value, self)
-        return self.function(value)
-
-
-def _global_names(code):
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
-
-class _PythonModule:
-    """A module seen through _AsPython: its Numba functions come out as Python."""
-
-    def __init__(self, module, as_python):
-        self._module, self._as_python = module, as_python
-
-    def __getattr__(self, name):
-        return self._as_python.value(getattr(self._module, name))
+# ---- instruments for a kernel run as plain Python (course_lib.checks.plain_python) -------------
 
 
 class _Allocations:
-    """numpy as a kernel run by _AsPython sees it, where the functions that make an array note its dtype and
+    """numpy as a kernel run by AsPython sees it, where the functions that make an array note its dtype and
     the kernel's line that asked for it."""
 
     MAKERS = {"empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like", "array"}
@@ -194,20 +142,9 @@ class _Allocations:
 
         def noted(*args, **kwargs):
             out = make(*args, **kwargs)
-            line = traceback.extract_stack(limit=2)[0].line or name
-            self.made.append((np.dtype(out.dtype), out.shape, line.strip()))
+            self.made.append((np.dtype(out.dtype), out.shape, caller_line()))
             return out
         return noted
-
-
-def _your_line(error):
-    """`source` (in name) for the innermost frame of the learner's code in the traceback."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if "numpy" not in f.filename.replace("\\", "/").split("/") and not f.filename.endswith("ch10.py")]
-    if not frames:
-        return "in your kernel"
-    f = frames[-1]
-    return f"at `{f.line.strip()}` (in {f.name})" if f.line else f"in {f.name}"
 
 
 # ---- 2. the fused selective scan ---------------------------------------------------------------
@@ -304,7 +241,7 @@ def _float32_work(kernel):
     to tell, and its values are more exact, not wrong.)"""
     numpy = _Allocations()
     try:
-        _run_scan(_AsPython(numpy).function(kernel, top=True), scan_inputs(1, 6, 2, 3), 4, np.float32)
+        _run_scan(AsPython({np: numpy}).function(kernel, top=True), scan_inputs(1, 6, 2, 3), 4, np.float32)
     except Exception:
         return "; the dtype of its scratch not probed (your kernel does not run as plain Python)"
     wide = [(dtype, shape, line) for dtype, shape, line in numpy.made if dtype.kind in "fc" and dtype != np.float32]
@@ -573,10 +510,10 @@ def _meeting_inputs(BH, Tq, Tk, d, dv, BQ, BK):
 
 
 def _hidden_scores(kernel, pass_name, arguments):
-    """Runs the kernel as plain Python (_AsPython) on _meeting_inputs, turned into its arguments by
+    """Runs the kernel as plain Python (AsPython) on _meeting_inputs, turned into its arguments by
     `arguments(q, k, v, BQ, BK)`; refuses it if a product overflows. Returns the pass line's words: what was
     probed, or that the kernel could not run as Python."""
-    python = _AsPython().function(kernel, top=True)
+    python = AsPython().function(kernel, top=True)
     for BH, Tq, Tk in ((1, 29, 29), (1, 21, 45)):
         BQ, BK, d = 4, 8, 4
         q, k, v, first = _meeting_inputs(BH, Tq, Tk, d, d, BQ, BK)
@@ -590,7 +527,7 @@ def _hidden_scores(kernel, pass_name, arguments):
                 f"{Tq}, Tk = {Tk}, BQ = {BQ}, BK = {BK}, the queries 0 .. {BQ - 1} and the keys {first} .. {Tk - 1} "
                 f"carry 1e200 in feature 0 (every other query and key 0 there), so a score is an ordinary number "
                 f"unless such a query meets such a key: then it overflows. Run as plain Python, your kernel "
-                f"overflowed {_your_line(e)}. Set to -inf or 0 afterwards, the values come out right, but "
+                f"overflowed {your_line(e, 'ch10.py')}. Set to -inf or 0 afterwards, the values come out right, but "
                 f"the tile was computed: at large T, half of all tiles.\n  hint: whether a key tile needs any work is "
                 f"known from the two tiles' first and last rows, before a single score (lesson 10, section 8's "
                 f"grid of visited and skipped tiles); the mask is for the tiles the diagonal cuts.") from None
