@@ -7,6 +7,7 @@ import pytest
 from checking import expect_failure, expect_pass
 from edits import edited
 from numba import njit, prange
+from numpy.lib.stride_tricks import as_strided
 
 from course_lib.checks import ch06 as check
 
@@ -513,11 +514,30 @@ def matmul_in_numba(a, a_shape, a_strides, b, b_shape, b_strides):
     return a
 
 
+def matmul_by_einsum(a, a_shape, a_strides, b, b_shape, b_strides):
+    """Right values, no copy, but numpy's einsum loops instead of gemm: several times the time."""
+    return np.einsum("...nk,...km->...nm", _view(a, a_shape, a_strides), _view(b, b_shape, b_strides))
+
+
+def matmul_by_operator(a, a_shape, a_strides, b, b_shape, b_strides):
+    """Correct, written another way: as_strided by its own name, the `@` operator."""
+    item = a.itemsize
+    return (as_strided(a, tuple(a_shape), tuple(int(s) * item for s in a_strides))
+            @ as_strided(b, tuple(b_shape), tuple(int(s) * item for s in b_strides)))
+
+
+@pytest.mark.parametrize("answer", [blas_matmul, matmul_by_operator])
+def test_blas_matmul_sees_the_product_reach_gemm(answer, capsys):
+    check.blas_matmul(answer)
+    assert "through np.matmul" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("wrong, hint", [
     (matmul_copying, "copy of an operand"),
     (matmul_ignoring_strides, "as if they were contiguous"),
     (matmul_in_float64, "came back as float64"),
     (matmul_in_numba, "compiled with Numba"),
+    (matmul_by_einsum, "never reached numpy's matmul"),
 ])
 def test_blas_matmul_rejects(wrong, hint):
     expect_failure(check.blas_matmul, wrong, match=hint)

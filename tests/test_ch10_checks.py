@@ -99,11 +99,12 @@ def test_online_softmax_messages_name_the_idea_not_the_line():
 # ---- 2. the fused scan ----------------------------------------------------------------------------
 
 def scan_numpy(x, delta, A, B, C, D, y, h_last, ckpt, chunk, history=False, ckpt_after=False, skip=True,
-               write_last=True):
-    """One channel at a time, in numpy; history=True keeps the (L, N) states of the channel (right values)."""
+               write_last=True, wide_state=False):
+    """One channel at a time, in numpy; history=True keeps the (L, N) states of the channel (right values),
+    wide_state=True keeps the state in float64 whatever the inputs (right values, more exact)."""
     bsz, L, Dm = x.shape
     for b, d in itertools.product(range(bsz), range(Dm)):
-        h = np.zeros(A.shape[1], x.dtype)
+        h = np.zeros(A.shape[1], np.float64 if wide_state else x.dtype)
         states = np.empty((L, A.shape[1]), x.dtype) if history else None
         for t in range(L):
             if t % chunk == 0 and not ckpt_after:
@@ -180,6 +181,7 @@ def test_fused_scan_accepts_the_course_kernel_and_other_correct_ones():
     (lambda *a: scan_numpy(*a, ckpt_after=True), "state after their step"),
     (lambda *a: scan_numpy(*a, skip=False), "D skip"),
     (lambda *a: scan_numpy(*a, write_last=False), "h_last"),
+    (lambda *a: scan_numpy(*a, wide_state=True), "float32 work must stay float32"),
 ])
 def test_fused_scan_rejects(wrong, match):
     expect_failure(check.fused_scan, wrong, match=match)
@@ -188,9 +190,11 @@ def test_fused_scan_rejects(wrong, match):
 # ---- 3. and 4. FlashAttention, right and wrong ----------------------------------------------------
 
 def flash_numpy(q, k, v, out, lse, scale, causal, BQ, BK, shift=0, first_keys=False, drop_last=False,
-                no_scale=False, lse_is_m=False, skip_last_rows=False, whole=False, no_skip=False, m_start=-np.inf):
+                no_scale=False, lse_is_m=False, skip_last_rows=False, whole=False, no_skip=False, m_start=-np.inf,
+                scores_only=False):
     """Tiled attention with the online softmax in numpy; whole=True builds each head's (T, T) scores,
-    no_skip=True visits the causal tiles above the diagonal (right values, twice the work), m_start=0
+    no_skip=True visits the causal tiles above the diagonal (right values, twice the work), scores_only=True
+    computes their scores, masks them all and moves on (no product with V reads a hidden value), m_start=0
     starts the running max at 0 (right values unless every score is far below 0)."""
     BH, Tq, _ = q.shape
     Tk = k.shape[1]
@@ -211,12 +215,14 @@ def flash_numpy(q, k, v, out, lse, scale, causal, BQ, BK, shift=0, first_keys=Fa
             rows = np.arange(i0, i0 + len(qi))[:, None]
             m, den, acc = np.full(len(qi), m_start), np.zeros(len(qi)), np.zeros((len(qi), v.shape[2]))
             k_stop = Tk // BK * BK if drop_last else Tk
-            if causal and not no_skip:
+            if causal and not (no_skip or scores_only):
                 k_stop = max(0, min(k_stop, i0 + len(qi) + offset + shift))
             for j0 in range(0, k_stop, BK):
                 s = qi @ k[h, j0:j0 + BK].T * scale
                 if causal:
                     s = np.where(np.arange(j0, j0 + s.shape[1])[None, :] <= rows + offset + shift, s, -np.inf)
+                if scores_only and np.isneginf(s).all():
+                    continue
                 m_new = np.maximum(m, s.max(1))
                 alpha, p = np.exp(m - m_new), np.exp(s - m_new[:, None])
                 den, acc, m = alpha * den + p.sum(1), alpha[:, None] * acc + p @ v[h, j0:j0 + BK], m_new
@@ -341,6 +347,40 @@ def all_tiles_forward(q, k, v, out, lse, scale, causal, BQ, BK):
             lse[h, i0 + i] = m[i] + math.log(l[i])
 
 
+def rows_scoring_every_key():
+    """Right values, a row at a time with the online softmax, but every key's score is computed (by a helper
+    reached through a closure) before the mask drops it: no hidden value is used, so no NaN shows."""
+    @numba.njit
+    def score(q, k, h, i, j):
+        t = 0.0
+        for c in range(q.shape[2]):
+            t += q[h, i, c] * k[h, j, c]
+        return t
+
+    @numba.njit(parallel=True)
+    def kernel(q, k, v, out, lse, scale, causal, BQ, BK):
+        BH, Tq, _ = q.shape
+        Tk, dv = k.shape[1], v.shape[2]
+        for task in prange(BH * Tq):
+            h, i = task // Tq, task % Tq
+            last = i + Tk - Tq if causal else Tk - 1
+            m, total, acc = -np.inf, 0.0, np.zeros(dv)
+            for j in range(Tk):
+                s = score(q, k, h, i, j) * scale
+                if j > last:
+                    continue
+                top = max(m, s)
+                shrink, w = math.exp(m - top), math.exp(s - top)
+                total = total * shrink + w
+                for c in range(dv):
+                    acc[c] = acc[c] * shrink + w * v[h, j, c]
+                m = top
+            for c in range(dv):
+                out[h, i, c] = acc[c] / total
+            lse[h, i] = m + math.log(total)
+    return kernel
+
+
 def test_flash_forward_accepts_the_course_kernel_and_other_correct_ones():
     expect_pass(check.flash_forward, attention_cpu.forward_kernel)
     expect_pass(check.flash_forward, flash_numpy)
@@ -355,6 +395,8 @@ def test_flash_forward_accepts_the_course_kernel_and_other_correct_ones():
     (lambda *a: flash_numpy(*a, m_start=0.0), "far below zero"),                   # right values near 0
     (lambda *a: flash_numpy(*a, no_skip=True), "reads key tiles"),                 # right values, twice the work
     (all_tiles_forward, "reads key tiles"),                                        # the same, masked by assignment
+    (lambda *a: flash_numpy(*a, scores_only=True), "computes scores of tiles"),    # hidden scores, masked, unused
+    (rows_scoring_every_key(), "computes scores of tiles"),                        # the same, in a closure's helper
     (lambda *a: flash_numpy(*a, shift=1), "off by one"),
     (lambda *a: flash_numpy(*a, first_keys=True), "LAST Tq of the Tk positions"),
     (lambda *a: flash_numpy(*a, drop_last=True), "must not be dropped"),
@@ -368,10 +410,11 @@ def test_flash_forward_rejects(wrong, match):
 
 
 def flash_backward_numpy(q, k, v, o, do, lse, dq, dk, dv, scale, causal, BQ, BK, use_delta=True, scale_dq=True,
-                         zero_dq=True, whole=False, no_skip=False, zero_by_assignment=False):
+                         zero_dq=True, whole=False, no_skip=False, zero_by_assignment=False, scores_only=False):
     """By key tiles, recomputing P from lse, in numpy; whole=True builds each head's (T, T) P and dS;
-    no_skip=True visits the query rows above the diagonal (right values, twice the work), and
-    zero_by_assignment=True does so the way the course's own kernel masks: P and dS set to 0 where hidden."""
+    no_skip=True visits the query rows above the diagonal (right values, twice the work),
+    zero_by_assignment=True does so the way the course's own kernel masks: P and dS set to 0 where hidden,
+    and scores_only=True computes every row's scores and keeps the visible rows' (no hidden value is used)."""
     BH, Tq, _ = q.shape
     Tk = k.shape[1]
     if zero_dq:
@@ -384,7 +427,7 @@ def flash_backward_numpy(q, k, v, o, do, lse, dq, dk, dv, scale, causal, BQ, BK,
             r0 = max(0, j0 - (Tk - Tq)) if skip else 0    # rows that see a key of the tile
             qh, doh = q[h, r0:], do[h, r0:]
             hidden = np.arange(j0, j1)[None, :] > np.arange(r0, Tq)[:, None] + Tk - Tq if causal else None
-            s = qh @ k[h, j0:j1].T * scale
+            s = (q[h] @ k[h, j0:j1].T)[r0:] * scale if scores_only else qh @ k[h, j0:j1].T * scale
             if causal and not zero_by_assignment:
                 s = np.where(hidden, -np.inf, s)
             p = np.exp(s - lse[h, r0:][:, None])
@@ -461,6 +504,7 @@ def test_flash_backward_accepts_the_course_kernel_and_other_correct_ones():
     (lambda *a: flash_backward_numpy(*a, whole=True), "grows like T^"),           # right values, (T, T) memory
     (lambda *a: flash_backward_numpy(*a, no_skip=True), "reads tiles that no query sees"),
     (lambda *a: flash_backward_numpy(*a, zero_by_assignment=True), "reads tiles that no query sees"),
+    (lambda *a: flash_backward_numpy(*a, scores_only=True), "computes scores of tiles"),
     (lambda *a: flash_backward_numpy(*a, use_delta=False), "D, each row's sum of dO * O"),
     (lambda *a: flash_backward_numpy(*a, scale_dq=False), "dQ lacks the scale"),
     (lambda *a: flash_backward_numpy(*a, zero_dq=False), "starts from 0"),

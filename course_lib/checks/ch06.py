@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng  # noqa: F401
+from course_lib.checks.plain_python import AsPython
 
 PAD = 4096
 
@@ -779,6 +780,51 @@ def _traced_peak(fn, *args):
     return result, peak - getattr(result, "nbytes", 0)
 
 
+class _Operand(np.ndarray):
+    """A view that notes the numpy operations it takes part in: the functions (`__array_function__`) and the
+    ufuncs, `@` among them (`__array_ufunc__`). The check's storages and its as_strided hand them out."""
+
+    noted = []
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        _Operand.noted.append(ufunc.__name__)
+        plain = tuple(x.view(np.ndarray) if isinstance(x, _Operand) else x for x in inputs)
+        if "out" in kwargs:
+            kwargs["out"] = tuple(x.view(np.ndarray) if isinstance(x, _Operand) else x for x in kwargs["out"])
+        return getattr(ufunc, method)(*plain, **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        _Operand.noted.append(func.__name__)
+        return super().__array_function__(func, types, args, kwargs)
+
+
+def _noting_as_strided(x, shape=None, strides=None, subok=False, writeable=True):
+    """as_strided, keeping the _Operand it was given (subok), so that the view notes what it is used for."""
+    return np.lib.stride_tricks.as_strided(x, shape, strides, subok=True, writeable=writeable)
+
+
+def _reaches_gemm(your_blas_matmul):
+    """The product goes to numpy's matmul (the `@` operator, np.matmul, np.dot: gemm). The function runs as
+    plain Python on storages that note what their views take part in; einsum, for one, multiplies with its
+    own loops: the same values and memory as gemm, several times its time. Views the check cannot follow
+    (made without as_strided) are not judged."""
+    a, b = View((2, 5, 6), "permuted"), View((6, 3), "sliced")
+    run = AsPython({np.lib.stride_tricks.as_strided: _noting_as_strided}).function(your_blas_matmul, top=True)
+    _Operand.noted = []
+    try:
+        run(a.storage.view(_Operand), _ints(a.shape), a.strides, b.storage.view(_Operand), _ints(b.shape), b.strides)
+    except Exception:
+        return ""
+    noted = set(_Operand.noted)
+    if noted and not noted & {"matmul", "dot", "tensordot", "inner"}:
+        raise CheckFailed(
+            f"your product never reached numpy's matmul: the views took part in {', '.join(sorted(noted))}. The "
+            f"values and the memory are right, but only np.matmul (the `@` operator) hands the views to gemm, with "
+            f"its register blocks, cache tiles and threads; the other ways multiply with loops of their own.\n  hint: "
+            f"the exercise is the call into BLAS (lesson 06, section 14): the views go to it as they are.")
+    return ", through np.matmul" if noted else ""
+
+
 @exercise
 def blas_matmul(your_blas_matmul):
     """blas_matmul(a, a_shape, a_strides, b, b_shape, b_strides) -> the product of two strided views."""
@@ -818,4 +864,6 @@ def blas_matmul(your_blas_matmul):
             f"result: a copy of an operand ({operand:,} bytes). gemm reads a transposed matrix in place.",
             hint="numpy can read a storage through strides of your choosing; anything that makes an operand "
                  "contiguous on the way copies it.")
-    return f"{len(cases)} pairs of strided views with broadcast batch dims, float32 and float64, and no copy of x @ w.T"
+    gemm = _reaches_gemm(your_blas_matmul)
+    return (f"{len(cases)} pairs of strided views with broadcast batch dims, float32 and float64, and no copy of x @ w.T"
+            f"{gemm}")

@@ -11,8 +11,10 @@ do not depend on the machine or its thread count:
   query tile, so that the thread count cannot change it), the backward's must not grow like T^2;
 - causal tiles left unread: NaN planted in the keys and values (and, for the backward, the queries and
   output gradients) of tiles that no query sees must not reach the rows that cannot see them: any
-  arithmetic on a masked entry shows, since 0 * NaN is NaN (a kernel that computes a masked score and then
-  replaces it, by a branch or a select, leaves no trace in the values, and is not caught);
+  arithmetic on a masked entry shows, since 0 * NaN is NaN;
+- causal tiles left uncomputed: a kernel that computes a masked score and then replaces it (by a branch or a
+  select) leaves no trace in the values. So the kernel also runs as plain Python on inputs where only the
+  score of a query and a key that no tile needs overflows, with numpy told to raise on overflow;
 - parallel: a kernel compiled with parallel=True has a loop that Numba's own diagnostics say runs in
   parallel (chapter 06's test): a serial range under parallel=True is caught;
 - the online softmax's running max: scores far below zero, where any other start than -inf underflows.
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from course_lib.checks import CheckFailed, assert_close, exercise, fmt, require, rng
 from course_lib.checks.ch05 import scan_inputs  # chapter 05's random scan inputs, the same here
 from course_lib.checks.ch06 import _runs_in_parallel  # chapter 06's test: Numba made a prange loop parallel
+from course_lib.checks.plain_python import AsPython, caller_line, your_line
 from course_lib.memory import growth, peak_bytes
 
 
@@ -120,6 +123,30 @@ def online_softmax_update(your_online_softmax_update):
     return "6 tiles: the first one, a rising max, huge and masked scores, 3 random"
 
 
+# ---- instruments for a kernel run as plain Python (course_lib.checks.plain_python) -------------
+
+
+class _Allocations:
+    """numpy as a kernel run by AsPython sees it, where the functions that make an array note its dtype and
+    the kernel's line that asked for it."""
+
+    MAKERS = {"empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like", "array"}
+
+    def __init__(self):
+        self.made = []
+
+    def __getattr__(self, name):
+        make = getattr(np, name)
+        if name not in self.MAKERS:
+            return make
+
+        def noted(*args, **kwargs):
+            out = make(*args, **kwargs)
+            self.made.append((np.dtype(out.dtype), out.shape, caller_line()))
+            return out
+        return noted
+
+
 # ---- 2. the fused selective scan ---------------------------------------------------------------
 
 
@@ -202,9 +229,30 @@ def fused_scan(your_fused_scan):
         assert_close(got / scale, exp / scale, what=f"{name} in float32 (divided by its largest value), (b, L, D, N) = "
                      "(2, 50, 8, 16)", rtol=0, atol=1e-5, hint="float32 work must stay float32, with float32 states")
     Ls = _scan_memory(your_fused_scan)
+    float32 = _float32_work(your_fused_scan)
     parallel = _parallel_if_asked(your_fused_scan, "fused_scan")
     return (f"{len(cases)} shapes (L = 1, L not a multiple of the chunk, chunk = 1) in float64, one in float32, "
-            f"scratch memory flat from L = {Ls[0]} to {Ls[-1]}{parallel}")
+            f"scratch memory flat from L = {Ls[0]} to {Ls[-1]}{float32}{parallel}")
+
+
+def _float32_work(kernel):
+    """A float32 run makes float32 arrays only: the kernel runs as plain Python on small float32 inputs, with
+    numpy's array makers noting each dtype. (A float64 state is N * 8 bytes a task: too few for tracemalloc
+    to tell, and its values are more exact, not wrong.)"""
+    numpy = _Allocations()
+    try:
+        _run_scan(AsPython({np: numpy}).function(kernel, top=True), scan_inputs(1, 6, 2, 3), 4, np.float32)
+    except Exception:
+        return "; the dtype of its scratch not probed (your kernel does not run as plain Python)"
+    wide = [(dtype, shape, line) for dtype, shape, line in numpy.made if dtype.kind in "fc" and dtype != np.float32]
+    if wide:
+        dtype, shape, line = wide[0]
+        raise CheckFailed(
+            f"in a float32 run your kernel makes a {dtype} array of shape {shape}, at `{line}`: the values come out "
+            f"right (more exact, even), but float32 work must stay float32, half the bytes of every state and twice "
+            f"the numbers a vector instruction holds.\n  hint: an array made without a dtype is float64; the "
+            f"exercise keeps the state in the inputs' own dtype (exercise 2's statement).")
+    return "; float32 work made float32 arrays only"
 
 
 def _least_peak(run, repeats=2):
@@ -368,10 +416,12 @@ def flash_forward(your_flash_forward):
     assert_close(lse, ref_lse, what="lse in float32", rtol=1e-4, atol=2e-5)
     Tks = _forward_scratch(your_flash_forward)
     _causal_skip_forward(your_flash_forward)
+    probed = _hidden_scores(your_flash_forward, "forward", lambda q, k, v, BQ, BK: (
+        q, k, v, _nan(q.shape[:2] + v.shape[2:]), _nan(q.shape[:2]), 0.5, True, BQ, BK))
     parallel = _parallel_if_asked(your_flash_forward, "flash_forward")
     return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), scores far "
             f"below zero, float32; scratch flat from Tk = {Tks[0]} to {Tks[-1]}; NaN in keys and values that a query "
-            f"tile cannot see stayed out of its rows{parallel}")
+            f"tile cannot see stayed out of its rows{probed}{parallel}")
 
 
 def _row_max(q, k, v, causal, scale):
@@ -440,6 +490,60 @@ def _causal_skip_forward(kernel):
                 f"which at large T is half of all tiles.",
                 hint="a key tile that no row of the query tile can see needs no work at all (lesson 10, section 8's "
                      "grid of visited and skipped tiles).")
+
+
+# ---- tiles that no query sees: a score computed there overflows -----------------------------------
+
+
+def _meeting_inputs(BH, Tq, Tk, d, dv, BQ, BK):
+    """Inputs on which a causal kernel can only compute an overflow where it need not compute at all. The
+    queries of the first query tile and the keys that no query tile holding one of them can see carry 1e200
+    in feature 0, which every other query and key has at 0. So every score a causal kernel needs is an
+    ordinary number, and the score of such a (query, key) pair is 1e400: an overflow in float64, whatever
+    the kernel does with it afterwards (a branch, a select or a multiply by 0). The margin (a query tile and
+    a key tile) lets any alignment of the tiles pass."""
+    q, k, v = _attention_inputs(BH, Tq, Tk, d, dv)
+    first = 2 * BQ + BK - 1 + Tk - Tq
+    q[..., 0], k[..., 0] = 0.0, 0.0
+    q[:, :BQ, 0], k[:, first:, 0] = 1e200, 1e200
+    return q, k, v, first
+
+
+def _hidden_scores(kernel, pass_name, arguments):
+    """Runs the kernel as plain Python (AsPython) on _meeting_inputs, turned into its arguments by
+    `arguments(q, k, v, BQ, BK)`; refuses it if a product overflows. Returns the pass line's words: what was
+    probed, or that the kernel could not run as Python."""
+    python = AsPython().function(kernel, top=True)
+    for BH, Tq, Tk in ((1, 29, 29), (1, 21, 45)):
+        BQ, BK, d = 4, 8, 4
+        q, k, v, first = _meeting_inputs(BH, Tq, Tk, d, d, BQ, BK)
+        args = arguments(q, k, v, BQ, BK)
+        try:
+            with np.errstate(over="raise", invalid="ignore", divide="ignore", under="ignore"):
+                python(*args)
+        except FloatingPointError as e:
+            raise CheckFailed(
+                f"your {pass_name} computes scores of tiles that no query of the tile can see: with causal=True, Tq = "
+                f"{Tq}, Tk = {Tk}, BQ = {BQ}, BK = {BK}, the queries 0 .. {BQ - 1} and the keys {first} .. {Tk - 1} "
+                f"carry 1e200 in feature 0 (every other query and key 0 there), so a score is an ordinary number "
+                f"unless such a query meets such a key: then it overflows. Run as plain Python, your kernel "
+                f"overflowed {your_line(e, 'ch10.py')}. Set to -inf or 0 afterwards, the values come out right, but "
+                f"the tile was computed: at large T, half of all tiles.\n  hint: whether a key tile needs any work is "
+                f"known from the two tiles' first and last rows, before a single score (lesson 10, section 8's "
+                f"grid of visited and skipped tiles); the mask is for the tiles the diagonal cuts.") from None
+        except Exception:
+            return ("; tiles no query sees not probed for computed scores (your kernel does not run as plain "
+                    "Python)")
+    return "; no score computed in a tile no query sees"
+
+
+def _backward_arguments(q, k, v, BQ, BK):
+    """The backward's arguments for _hidden_scores: out and lse from numpy, where the masked scores that
+    overflow are replaced by -inf before they count."""
+    with np.errstate(all="ignore"):
+        out, lse, _ = _attention_np(q, k, v, True, 0.5)
+    do = rng().uniform(-1, 1, out.shape)
+    return (q, k, v, out, do, lse, _nan(q.shape), _nan(k.shape), _nan(v.shape), 0.5, True, BQ, BK)
 
 
 def _backward_memory(kernel):
@@ -567,10 +671,11 @@ def flash_backward(your_flash_backward):
         assert_close(g, e, what=f"{name} in float32, Tq = Tk = 70, BQ = 32, BK = 16", rtol=1e-3, atol=1e-4)
     Ts = _backward_memory(your_flash_backward)
     _causal_skip_backward(your_flash_backward)
+    probed = _hidden_scores(your_flash_backward, "backward", _backward_arguments)
     parallel = _parallel_if_asked(your_flash_backward, "flash_backward")
     return (f"{len(cases)} tilings in float64 (one-row tiles, Tq < Tk, tiles that do not divide T), float32; no "
             f"(T, T) matrix from T = {Ts[0]} to {Ts[-1]}; NaN in tiles no query sees stayed out of dq, dk and dv"
-            f"{parallel}")
+            f"{probed}{parallel}")
 
 
 # ---- 5. the forward as a CUDA kernel ------------------------------------------------------------
