@@ -862,7 +862,6 @@ STILL_RUNS_ANSWERS = {
                      "G.eliminate_common_subexpressions (03.8)",
     "04_gpt": "CharTokenizer (04.1), causal_attention (04.3), CausalSelfAttention (04.4), Block (04.5), "
               "top_k_filter (04.7), KVCache (04.9), and gpt.schedule.lr_at (12.10)",
-    "09_inference_engine": "passes.fold_constants (09.5), passes.fuse_matmul_add (09.6)",
 }
 
 
