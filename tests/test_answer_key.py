@@ -857,14 +857,7 @@ LESSONS = sorted((REPO_DIR / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 # Lessons that still run answers of their own chapter, to be rebuilt another way. The mark is strict: a
 # lesson that no longer does must leave this list, and no lesson may join it.
-STILL_RUNS_ANSWERS = {
-    "02_tensors": "nn.Linear (02.9), which trains the lesson's MLP",
-    "03_graph_mode": "G.topological_order (03.1), G.Session (03.2), G.gradients (03.6), G.fold_constants (03.7), "
-                     "G.eliminate_common_subexpressions (03.8)",
-    "04_gpt": "CharTokenizer (04.1), causal_attention (04.3), CausalSelfAttention (04.4), Block (04.5), "
-              "top_k_filter (04.7), KVCache (04.9), and gpt.schedule.lr_at (12.10)",
-    "09_inference_engine": "passes.fold_constants (09.5), passes.fuse_matmul_add (09.6)",
-}
+STILL_RUNS_ANSWERS = {}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
