@@ -98,14 +98,17 @@ def products_only(q, k, v, BQ, BK):
 
 @numba.njit(parallel=True, fastmath=scan_cpu.FASTMATH, cache=True)
 def exps_only(delta, A, out):
-    """The scan's L * D * N exponentials alone, split over the threads as the kernel splits them."""
+    """The scan's L * D * N exponentials alone, split over the threads as the kernel splits them. N is read at
+    run time: with N = 16 written in, LLVM unrolls this short loop and leaves the exps scalar (check with
+    exps_only.inspect_asm(): vrndscaleps or vroundps is the vector floor of exp_neg)."""
     bsz, L, Dm = delta.shape
+    N = A.shape[1]
     for i in prange(bsz * Dm):
         b, d = i // Dm, i % Dm
-        s = np.zeros(A.shape[1], delta.dtype)
+        s = np.zeros(N, delta.dtype)
         for t in range(L):
             dt = delta[b, t, d]
-            for n in range(16):
+            for n in range(N):
                 s[n] += exp_neg(dt * A[d, n])
         out[b, d] = s.sum()
 
