@@ -16,10 +16,11 @@ the ratios much less), each against its peer at the benchmarks' sizes:
   transposed per tile), and SDPA; then one 64 x 256 x 64 tile product on one thread, in GFLOP/s: the
   course's `matmul` (vectorized along a row of the output), `matmul_bt` (dot products whose lanes are
   summed at the end) and numpy's BLAS;
-- scan forward: chapter 05's loop, the course's op (what the benchmark times), its kernel compiled for
-  N = 16, the same kernel reading N at run time, the same loop without its exponentials, and the
-  exponentials alone (the floor of any kernel that takes them with this exp): the best ratio to the loop
-  that a kernel built on it could reach.
+- scan forward: chapter 05's loop, the course's op (what the benchmark times), its kernel (a task runs up
+  to 128 channels side by side), the solved notebook's fused_scan (a channel per task, its N states
+  innermost, the layout before), the per-channel loop without its exponentials, and the exponentials
+  alone (the floor of any kernel that takes them with this exp): the best ratio to the loop that a
+  kernel built on it could reach.
 Write the figures up as loaded unless `uptime` showed an idle machine (see benchmarks/ch10_cpu_profile.md).
 """
 
@@ -115,7 +116,8 @@ def exps_only(delta, A, out):
 
 @numba.njit(parallel=True, fastmath=scan_cpu.FASTMATH, cache=True)
 def scan_without_exp(x, delta, A, B, C, D, y, chunk):
-    """The scan's loop with the decay exp(delta A) replaced by delta A: the cost of everything but the exp."""
+    """The per-channel loop (a channel per task, N states innermost) with the decay exp(delta A) replaced by
+    delta A: the cost of everything in that layout but the exp."""
     bsz, L, Dm = x.shape
     for i in prange(bsz * Dm):
         N = 16
@@ -153,7 +155,8 @@ def times(threads, rounds):
     tiles = attention_cpu.FORWARD_TILES
     from ch10_solutions import solution_kernels
 
-    before = solution_kernels()["flash_forward"]
+    solved = solution_kernels()
+    before = solved["flash_forward"]
     with torch.no_grad():
         ms = common.compare({
             "SDPA": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
@@ -178,20 +181,21 @@ def times(threads, rounds):
     y, h_last = np.empty((b, L, D), np.float32), np.empty((b, D, N), np.float32)
     ckpt = np.empty((b, -(-L // CHUNK), D, N), np.float32)
     sums = np.empty((b, D), np.float32)
+    per_channel = solved["fused_scan"]
     with torch.no_grad():
         ms = common.compare({
             "chapter 05's loop": lambda: selective_scan_sequential(x, delta, A, Bm, Cm, Dk),
             "the op": lambda: selective_scan_fused(x, delta, A, Bm, Cm, Dk),
-            "course (N = 16 compiled in)": lambda: scan_cpu.forward_kernel(N)(*arrays, y, h_last, ckpt, CHUNK),
-            "N read at run time": lambda: scan_cpu.forward_kernel(0)(*arrays, y, h_last, ckpt, CHUNK),
+            "course": lambda: scan_cpu.scan_forward(*arrays, y, h_last, ckpt, CHUNK),
+            "a channel per task": lambda: per_channel(*arrays, y, h_last, ckpt, CHUNK),
             "no exp": lambda: scan_without_exp(*arrays, y, CHUNK),
             "the exps alone": lambda: exps_only(arrays[1], arrays[2], sums)}, rounds=rounds)
     print(f"{threads} thread(s), scan forward: " + ", ".join(f"{n} {t:.2f} ms" for n, t in ms.items()))
-    course, loop, op = ms["course (N = 16 compiled in)"], ms["chapter 05's loop"], ms["the op"]
+    course, loop, op = ms["course"], ms["chapter 05's loop"], ms["the op"]
     print(f"  loop / op {loop / op:.1f}x (goal >= 10), loop / kernel {loop / course:.1f}x; the op adds "
-          f"{(op - course) * 1e3:.0f} us to its kernel; N read at run time {ms['N read at run time'] / course:.2f}x the "
-          f"kernel's time; without the exp "
-          f"{ms['no exp'] / course:.0%} of it; the exps alone {ms['the exps alone'] / course:.0%} of it "
+          f"{(op - course) * 1e3:.0f} us to its kernel; a channel per task {ms['a channel per task'] / course:.2f}x the "
+          f"kernel's time, and without the exp {ms['no exp'] / ms['a channel per task']:.0%} of that; "
+          f"the exps alone {ms['the exps alone'] / course:.0%} of the course's kernel "
           f"({b * L * D * N / ms['the exps alone'] / 1e6:.1f} G exp/s), so loop / (the exps alone) = "
           f"{loop / ms['the exps alone']:.1f}x bounds what a kernel with this exp can reach; the loop takes "
           f"{loop / L * 1e3:.1f} us a step")
