@@ -71,9 +71,10 @@ def forward_kernel(x, delta, A, B, C, D, y, h_last, ckpt, chunk, width):
     scan_forward's kernel: a task per (batch row, group of `width` channels)."""
     bsz, L, Dm = x.shape
     N = A.shape[1]
-    groups = (Dm + width - 1) // width
+    groups = -(-Dm // width)                              # groups of channels in a batch row
     for task in prange(bsz * groups):
-        b, d0 = task // groups, task % groups * width
+        b = task // groups
+        d0 = (task - b * groups) * width
         w = min(width, Dm - d0)                           # this group's channels: d0 .. d0 + w
         at = np.empty((N, w), x.dtype)                    # A^T: row n holds state n's A of every channel
         for c in range(w):
