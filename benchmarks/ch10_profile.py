@@ -69,11 +69,12 @@ def counts():
         print(f"  {threads} threads, the largest share over the mean: zigzag order {balance(threads, 'zigzag'):.2f}, "
               f"plain order {balance(threads, 'plain'):.2f}")
     print(f"scan, b = {b}, L = {L}, D = {D}, N = {N}, float32")
-    print(f"  exponentials: {b * L * D * N / 1e6:.1f}M, one per (step, channel, state): {N} per step of a channel, "
-          f"in {N // 16 or 1} vector(s) of 16 float32 with AVX-512, {N // 8} of 8 with AVX2; per step a channel reads "
-          f"B_t and C_t ({2 * N * 4} bytes, shared by every channel, from the cache) and x, delta ({2 * 4} bytes), writes y")
+    print(f"  exponentials: one per (step, channel, state), {N} per step of a channel; the course's kernel takes a state "
+          f"of 16 channels per AVX-512 vector (8 with AVX2), the channel-per-task layout {N} states of one channel; a "
+          f"step reads B_t and C_t ({2 * N * 4} bytes, shared by every channel, from the cache), and x, delta and y")
     print(f"  exponentials: {b * L * D * N / 1e6:.1f}M; bytes read {4 * b * L * (2 * D + 2 * N) / 1e6:.2f} MB, written "
-          f"{4 * b * L * D / 1e6:.2f} MB (y) and {4 * b * -(-L // CHUNK) * D * N / 1e6:.2f} MB (checkpoints); "
+          f"{4 * b * L * D / 1e6:.2f} MB (y) and {4 * b * -(-L // CHUNK) * D * N / 1e6:.2f} MB (checkpoints, "
+          f"when a backward will follow); "
           f"chapter 05's loop writes and reads {4 * 3 * b * L * D * N / 1e6:.0f} MB of (b, L, D, N) tensors")
 
 
