@@ -19,10 +19,10 @@ and runs their recurrences side by side: at each step, for each state n, one loo
     h[n, c] = exp(Δ_t[c] A[c, n]) h[n, c] + Δ_t[c] x_t[c] B_t[n]
 
 in which Δ_t, x_t (rows of the inputs), A^T's row n (copied once per task) and h's row n are all
-contiguous along c, and B_t[n] is one number. The loop has no branch and `exp_neg` (simd/fastexp.py) is
-plain arithmetic, so LLVM turns it into SIMD instructions, 8 or 16 float32 channels at once, and
-y_t[c] = D[c] x_t[c] + sum_n C_t[n] h[n, c] is another such loop: a vector of channels per
-multiply-add, with no sum across a vector's lanes. The work is one exponential per (step, channel,
+contiguous along c, and B_t[n] is one number. The same loop adds C_t[n] h[n, c] to y_t[c], which starts
+at D[c] x_t[c]. It has no branch and `exp_neg` (simd/fastexp.py) is plain arithmetic, so LLVM turns it
+into SIMD instructions, 8 or 16 float32 channels at once: y_t's sum over the states is a multiply-add
+per vector of channels, with no sum across a vector's lanes. The work is one exponential per (step, channel,
 state), as in the loop per channel with its N states innermost (the layout of exercise 10.2); what the
 wide loops save is that loop's bookkeeping, paid L times per channel: the index arithmetic, the checks
 that h does not overlap A, B or C, the lane sum of y and the loads of x, Δ and y, one number each from
@@ -93,13 +93,11 @@ def forward_kernel(x, delta, A, B, C, D, y, h_last, ckpt, chunk, width):
                 u[c] = dt[c] * xt[c]
                 acc[c] = xt[c] * Dg[c]                    # the skip connection starts the sum
             for n in range(N):
-                bn, hn, an = B[b, t, n], h[n], at[n]
+                bn, cn, hn, an = B[b, t, n], C[b, t, n], h[n], at[n]
                 for c in range(w):                        # vectorized: no branch, contiguous, no call
-                    hn[c] = exp_neg(dt[c] * an[c]) * hn[c] + u[c] * bn
-            for n in range(N):
-                cn, hn = C[b, t, n], h[n]
-                for c in range(w):
-                    acc[c] += cn * hn[c]
+                    h_new = exp_neg(dt[c] * an[c]) * hn[c] + u[c] * bn
+                    hn[c] = h_new
+                    acc[c] += cn * h_new
             for c in range(w):
                 yt[c] = acc[c]
         for c in range(w):
