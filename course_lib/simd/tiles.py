@@ -79,7 +79,7 @@ def matmul(a, b, out, n, m, k, accumulate, a_t=False):
     All three C-contiguous 2-D arrays."""
     n4, k4 = n - n % 4, k - k % 4
     for i in range(0, n4, 4):                       # blocks of 4 rows of out ...
-        if not accumulate:
+        if not accumulate:                          # zeroed block by block, while its rows are in the cache
             for r in range(i, i + 4):
                 for j in range(m):
                     out[r, j] = 0
