@@ -20,7 +20,7 @@ from course_lib.fused.attention_memory import memory_curve
 from course_lib.fused.attention_op import attention, attention_forward, naive_attention
 from course_lib.gpt.model import GPT, GPTConfig, KVCache, attention_kernel
 from course_lib.memory import growth
-from course_lib.simd.tiles import row_max, transpose
+from course_lib.simd.tiles import matmul, row_max, transpose
 
 torch.set_num_threads(1)
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -212,6 +212,22 @@ def test_transpose_in_blocks_equals_numpy(n, m):
     transpose(a, out, n, m)
     np.testing.assert_array_equal(out[:m, :n], a[:n, :m].T)
     assert np.isnan(out[m:]).all() and np.isnan(out[:, n:]).all()       # nothing written past the sizes
+
+
+@pytest.mark.parametrize("n, m, k", [(1, 1, 1), (4, 8, 4), (64, 256, 64), (7, 13, 9), (5, 3, 2), (33, 64, 130)])
+@pytest.mark.parametrize("a_t", [False, True])
+def test_matmul_equals_numpy(n, m, k, a_t):
+    """out (+)= a @ b, or a.T @ b, on the leading rows and columns of bigger buffers, every remainder of 4."""
+    g = np.random.default_rng(n * m * k)
+    a = g.standard_normal((k + 2, n + 3) if a_t else (n + 2, k + 3))
+    b, start = g.standard_normal((k + 1, m + 2)), g.standard_normal((n + 4, m + 5))
+    A = a[:k, :n].T if a_t else a[:n, :k]
+    for accumulate in (False, True):
+        out = start.copy()
+        matmul(a, b, out, n, m, k, accumulate, a_t)
+        np.testing.assert_allclose(out[:n, :m], A @ b[:k, :m] + (start[:n, :m] if accumulate else 0), rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(out[n:], start[n:])                # nothing written past the sizes
+        np.testing.assert_array_equal(out[:, m:], start[:, m:])
 
 
 def test_row_max_is_the_max_of_the_first_n_and_the_start():

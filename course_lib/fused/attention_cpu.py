@@ -35,17 +35,22 @@ Causal masking keeps key j for query i when j <= i + (Tk - Tq): the queries are 
 positions, as with a KV cache (Tq == Tk is the usual mask). Tiles entirely above the diagonal are
 never visited, which halves the work; on the diagonal, each row stops at its last visible key.
 
-The products go through `tiles.matmul_bt` (out = a @ b.T, all rows contiguous). P V needs V^T: the
-forward transposes each value tile into a buffer of its task, in 16 x 16 blocks (a BK x dv tile for
-BQ x BK x (d + dv) multiply-adds). The backward reads K^T, Q^T and dO^T from copies made once per
-call, tile by tile (O(T d) memory, like its dQ copies). The tasks run in a zigzag order of tiles
+The forward keeps its scores transposed: a key per row, a query per column (st = S^T, BK x BQ). Its two
+products go through `tiles.matmul` (out = a @ b, vectorized along a row of out: no lane sums, see
+simd/tiles.py): S^T = K Q^T, from the tile's queries transposed once per task (qt, d x BQ), and
+acc += P V, read as (P^T)^T V. Neither K nor V is copied, and every step of the online softmax runs
+along a row of st, across the queries, as elementwise vector work: the running maxes (one max per
+query per key), the exponentials and the sums. Laid out a query per row, each row's max would be a
+reduction along the row, which LLVM leaves scalar. The backward's products go through `tiles.matmul_bt`
+(out = a @ b.T, all rows contiguous); it reads K^T, Q^T and dO^T from copies made once per call, tile
+by tile (O(T d) memory, like its dQ copies). The tasks run in a zigzag order of tiles
 (0, n-1, 1, n-2, ...): causal tiles far down the diagonal hold more work, and any contiguous half of
 the tasks, which is what each of two cores gets, holds half the work.
 
-Tiles. The forward's key tile is long, 256 keys, for the product P V: it sums over the tile's keys, and
-each dot product of matmul_bt ends by adding up its vector lanes, a cost that one sum of 256 terms pays
-once and four sums of 64 pay four times. (Q K^T sums over the head size, whatever the tiles.) The row
-maxes of the softmax go through `tiles.row_max`, which keeps 8 running maxes instead of one.
+Tiles. The forward's tiles are 64 queries by 256 keys. Each key tile rescales acc (BQ x dv) once, so
+long key tiles rescale it less often; st is then 64 KB, which stays in L2, and 128 keys (32 KB, L1)
+ran as fast. The zigzag order balances the causal triangle over the cores (benchmarks/ch10_profile.py
+prints the balance).
 """
 
 import numba
@@ -53,7 +58,7 @@ import numpy as np
 from numba import prange
 
 from course_lib.simd.fastexp import exp_neg
-from course_lib.simd.tiles import FASTMATH, matmul_bt, row_max, transpose
+from course_lib.simd.tiles import FASTMATH, matmul, matmul_bt, transpose
 
 FORWARD_TILES = (64, 256)    # (BQ, BK): query rows and keys per tile of the forward
 BACKWARD_TILES = (64, 64)    # and of the backward
@@ -82,40 +87,52 @@ def forward_tile(q, k, v, out, lse, i0, nq, offset, scale, causal, BK):
     """The course's answer to exercise 10.3 (`flash_forward`): read it once your check passes.
 
     One tile of queries of one head: rows i0 .. i0 + nq of q (Tq, d) against k (Tk, d) and v (Tk, dv).
-    Writes those rows of out (Tq, dv) and lse (Tq). Every buffer is the size of a tile."""
+    Writes those rows of out (Tq, dv) and lse (Tq). Every buffer is the size of a tile, and holds a query
+    per column: row j of st is key j's score for every query of the tile."""
     Tk, d, dv = k.shape[0], q.shape[1], v.shape[1]
-    qs = np.empty((nq, d), q.dtype)                        # the tile's queries, times scale
-    s = np.empty((nq, BK), q.dtype)                        # scores, then probabilities, of one key tile
-    vt = np.empty((dv, BK), q.dtype)                       # that key tile's values, transposed
+    qt = np.empty((d, nq), q.dtype)                        # the tile's queries, times scale, transposed
+    st = np.empty((BK, nq), q.dtype)                       # S^T of one key tile, then P^T
     acc = np.zeros((nq, dv), q.dtype)                      # running sum of exp(s - m) v
-    m = np.full(nq, -np.inf, q.dtype)                      # running max of each row
+    m = np.full(nq, -np.inf, q.dtype)                      # running max of each query's scores
+    m_new = np.empty(nq, q.dtype)
     denom = np.zeros(nq, q.dtype)                          # running sum of exp(s - m)
     for i in range(nq):
         for c in range(d):
-            qs[i, c] = q[i0 + i, c] * scale
+            qt[c, i] = q[i0 + i, c] * scale
     k_end = min(Tk, i0 + nq + offset) if causal else Tk    # causal: later keys are hidden from every row
     for j0 in range(0, k_end, BK):
         nk = min(BK, k_end - j0)
-        matmul_bt(qs, k[j0:], s, nq, nk, d, False)         # (nq, nk) scaled scores
+        matmul(k[j0:], qt, st, nk, nq, d, False)           # S^T = K Q^T (scaled), (nk, nq)
+        m_new[:] = m
+        for j in range(nk):                                # the maxes, key after key, for all queries at once
+            lo = _first_seeing(j0 + j, i0, nq, offset, causal)
+            row, m_row = st[j, lo:nq], m_new[lo:nq]        # views from lo: the loops below start at 0
+            for i in range(nq - lo):
+                m_row[i] = max(m_row[i], row[i])
         for i in range(nq):
-            n = min(nk, i0 + i + offset + 1 - j0) if causal else nk   # the keys row i may see
-            m_new = row_max(s[i], n, m[i])
-            alpha = exp_neg(m[i] - m_new)                  # moves the old sums to the new max
-            total = q.dtype.type(0)
-            for j in range(n):
-                s[i, j] = exp_neg(s[i, j] - m_new)
-                total += s[i, j]
-            for j in range(max(n, 0), nk):
-                s[i, j] = 0                                # hidden keys add nothing to acc
-            m[i], denom[i] = m_new, denom[i] * alpha + total
+            alpha = exp_neg(m[i] - m_new[i])               # moves the old sums to the new max
+            m[i], denom[i] = m_new[i], denom[i] * alpha
             for c in range(dv):
                 acc[i, c] *= alpha
-        transpose(v[j0:], vt, nk, dv)
-        matmul_bt(s, vt, acc, nq, dv, nk, True)            # acc += P V, with V^T's rows contiguous
+        for j in range(nk):
+            lo = _first_seeing(j0 + j, i0, nq, offset, causal)
+            st[j, :lo] = 0                                 # queries before lo do not see key j: it adds nothing
+            row, m_row, d_row = st[j, lo:nq], m[lo:nq], denom[lo:nq]
+            for i in range(nq - lo):
+                p = exp_neg(row[i] - m_row[i])
+                row[i] = p
+                d_row[i] += p
+        matmul(st, v[j0:], acc, nq, dv, nk, True, True)    # acc += P V = (P^T)^T V: no copy of V, none of P
     for i in range(nq):
         for c in range(dv):
             out[i0 + i, c] = acc[i, c] / denom[i]
         lse[i0 + i] = m[i] + np.log(denom[i])
+
+
+@numba.njit(inline="always")
+def _first_seeing(j, i0, nq, offset, causal):
+    """The first query of the tile (0 .. nq) that sees key j: query i0 + i sees it when j <= i0 + i + offset."""
+    return min(nq, max(0, j - i0 - offset)) if causal else 0
 
 
 @numba.njit(parallel=True, cache=True)

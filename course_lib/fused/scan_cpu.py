@@ -1,7 +1,7 @@
 """The fused selective scan on the CPU: discretize, scan and read out in one pass, in Numba.
 
-This file holds the course's answer to exercise 10.2 (`fused_scan`: `scan_forward` and the kernel it
-compiles, `forward_kernel`). Read it once your check passes.
+This file holds the course's answer to exercise 10.2 (`fused_scan`: `scan_forward` and its kernel,
+`forward_kernel`). Read it once your check passes.
 
 Chapter 05's scans build a_t = exp(Δ_t A) and b_t = Δ_t B_t x_t as (b, L, D, N) tensors, then the
 states h, another (b, L, D, N), then contract h with C. At L = 1024, D = 256, N = 16 that is 4M
@@ -10,19 +10,30 @@ Here each (batch, channel) pair runs its own recurrence with its N states in a s
 in registers and L1 cache: a_t, b_t and h_t live for one step and are never stored.
 
 Why parallel over b * D: the recurrence is sequential in t, but the b * D pairs are independent
-(they share B and C only for reading), so `prange` hands them to the cores with no locking.
-Inside, the loop over the N states is innermost, contiguous in A, B, C and the state, and has no
-branch: with `exp_neg` (simd/fastexp.py) LLVM turns it into SIMD instructions, 8 or 16 float32
-states at once. The fastmath flags let it reorder the sum over n for y (`reassoc`) and fuse
-multiply-adds (`contract`).
+(they share B and C only for reading), so `prange` hands them to the cores with no locking, a group of
+channels per task.
 
-N, a constant. That loop runs L times per pair, and it is short: N = 16 states is one AVX-512 register
-wide (two AVX2 ones). When N is a number known only at run time, LLVM wraps the vector instructions in a
-loop with a count test, a remainder loop for the last N % 16 states, and checks that the state does not
-overlap A, B or C, and that bookkeeping can cost as much as the arithmetic. So `scan_forward` compiles a
-kernel per N (`forward_kernel(N)`, a closure in which N is a constant): the loop is unrolled into
-straight vector instructions. Each N compiles once and Numba caches it; N that is not a multiple of 8
-(tests, toy models) shares one kernel that reads N at run time.
+Vectorized over the channels. A task takes `width` neighbouring channels of one batch row (128 at most)
+and runs their recurrences side by side: at each step, for each state n, one loop over the channels
+
+    h[n, c] = exp(Δ_t[c] A[c, n]) h[n, c] + Δ_t[c] x_t[c] B_t[n]
+
+in which Δ_t, x_t (rows of the inputs), A^T's row n (copied once per task) and h's row n are all
+contiguous along c, and B_t[n] is one number. The same loop adds C_t[n] h[n, c] to y_t[c], which starts
+at D[c] x_t[c]. It has no branch and `exp_neg` (simd/fastexp.py) is plain arithmetic, so LLVM turns it
+into SIMD instructions, 8 or 16 float32 channels at once: y_t's sum over the states is a multiply-add
+per vector of channels, with no sum across a vector's lanes. The work is one exponential per (step, channel,
+state), as in the loop per channel with its N states innermost (the layout of exercise 10.2); what the
+wide loops save is that loop's bookkeeping, paid L times per channel: the index arithmetic, the checks
+that h does not overlap A, B or C, the lane sum of y and the loads of x, Δ and y, one number each from
+another cache line. Over 128 channels it is paid once per (step, state). The fastmath flags let LLVM
+fuse multiply-adds (`contract`); the sum over the states is taken state after state, in every lane alike.
+The loops' lengths are numbers known at run time on purpose: with a constant such as 16 LLVM unrolls a
+short loop completely and then leaves the exponentials scalar.
+
+How wide: `scan_forward` takes 128 channels a task unless the cores would then be left without
+a task (b = 1 and D = 256 on 4 cores: 64 channels each). The width changes only which channels share a
+task: every channel's numbers are computed the same way.
 
 The backward (see `scan_backward`) needs every h_t, and it must not store them all. It recomputes:
 the forward saves the state every `chunk` steps (a checkpoint, 1/chunk of the memory), and the
@@ -31,8 +42,6 @@ into a chunk-sized local buffer, then walks it backward. Recovering h_{t-1} from
 a_t would be cheaper, but a_t = exp(Δ_t A) can be tiny (or 0 in float32): dividing would blow up.
 """
 
-import functools
-
 import numba
 import numpy as np
 from numba import prange
@@ -40,6 +49,7 @@ from numba import prange
 from course_lib.simd.fastexp import exp_neg
 
 FASTMATH = {"reassoc", "contract", "nsz", "arcp"}   # not "nnan"/"ninf": a NaN input still gives NaN
+WIDTH = 128  # channels a forward task runs side by side, at most
 GROUPS = 16  # channel groups in the backward: b * 16 tasks for the cores, each with its own (L, N) dB and dC
 
 
@@ -48,38 +58,51 @@ def scan_forward(x, delta, A, B, C, D, y, h_last, ckpt, chunk):
 
     y (b, L, D), the final state h_last (b, D, N) and the state before every chunk-th step,
     ckpt (b, ceil(L / chunk), D, N), all written in place. Inputs as in chapter 05, contiguous."""
-    N = A.shape[1]
-    forward_kernel(N if N % 8 == 0 else 0)(x, delta, A, B, C, D, y, h_last, ckpt, chunk)
+    bsz, _, Dm = x.shape
+    per_row = -(-numba.get_num_threads() // bsz)          # tasks a batch row must give for every core to get one
+    width = min(WIDTH, max(16, -(-Dm // per_row)))
+    forward_kernel(x, delta, A, B, C, D, y, h_last, ckpt, chunk, width)
 
 
-@functools.cache
-def forward_kernel(STATES):
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def forward_kernel(x, delta, A, B, C, D, y, h_last, ckpt, chunk, width):
     """The course's answer to exercise 10.2 (`fused_scan`): read it once your check passes.
 
-    scan_forward's kernel, compiled for N = STATES states (a constant), or for any N when STATES = 0."""
-
-    @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
-    def kernel(x, delta, A, B, C, D, y, h_last, ckpt, chunk):
-        bsz, L, Dm = x.shape
-        for i in prange(bsz * Dm):
-            N = STATES if STATES else A.shape[1]      # inside the task, so that a constant stays one
-            b, d = i // Dm, i % Dm
-            h = np.zeros(N, x.dtype)                  # this channel's state: N numbers, not (L, N)
-            for t in range(L):
-                if t % chunk == 0:
-                    for n in range(N):
-                        ckpt[b, t // chunk, d, n] = h[n]
-                dt, xt = delta[b, t, d], x[b, t, d]
-                u = dt * xt
-                acc = xt * D[d]                       # the skip connection starts the sum
-                for n in range(N):                    # vectorized: no branch, contiguous, no call
-                    h[n] = exp_neg(dt * A[d, n]) * h[n] + u * B[b, t, n]
-                    acc += C[b, t, n] * h[n]
-                y[b, t, d] = acc
+    scan_forward's kernel: a task per (batch row, group of `width` channels)."""
+    bsz, L, Dm = x.shape
+    N = A.shape[1]
+    groups = -(-Dm // width)                              # groups of channels in a batch row
+    for task in prange(bsz * groups):
+        b = task // groups
+        d0 = (task - b * groups) * width
+        w = min(width, Dm - d0)                           # this group's channels: d0 .. d0 + w
+        at = np.empty((N, w), x.dtype)                    # A^T: row n holds state n's A of every channel
+        for c in range(w):
             for n in range(N):
-                h_last[b, d, n] = h[n]
-
-    return kernel
+                at[n, c] = A[d0 + c, n]
+        h = np.zeros((N, w), x.dtype)                     # the channels' states, a state per row: not (L, N)
+        u, acc = np.empty(w, x.dtype), np.empty(w, x.dtype)
+        Dg = D[d0:d0 + w]
+        for t in range(L):
+            if t % chunk == 0:
+                for c in range(w):
+                    for n in range(N):
+                        ckpt[b, t // chunk, d0 + c, n] = h[n, c]
+            dt, xt, yt = delta[b, t, d0:d0 + w], x[b, t, d0:d0 + w], y[b, t, d0:d0 + w]
+            for c in range(w):
+                u[c] = dt[c] * xt[c]
+                acc[c] = xt[c] * Dg[c]                    # the skip connection starts the sum
+            for n in range(N):
+                bn, cn, hn, an = B[b, t, n], C[b, t, n], h[n], at[n]
+                for c in range(w):                        # vectorized: no branch, contiguous, no call
+                    h_new = exp_neg(dt[c] * an[c]) * hn[c] + u[c] * bn
+                    hn[c] = h_new
+                    acc[c] += cn * h_new
+            for c in range(w):
+                yt[c] = acc[c]
+        for c in range(w):
+            for n in range(N):
+                h_last[b, d0 + c, n] = h[n, c]
 
 
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)

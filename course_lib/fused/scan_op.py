@@ -94,6 +94,8 @@ selective_scan.register_autograd(_backward, setup_context=_setup_context)
 
 def selective_scan_fused(x, delta, A, B, C, D, return_state=False, chunk=CHUNK):
     """Chapter 05's selective scan, fused: y (b, L, D), and the final state (b, D, N) if return_state."""
-    args = (t.to(x.dtype) for t in (x, delta, A, B, C, D))   # the kernels take one dtype
+    args = [t.to(x.dtype) for t in (x, delta, A, B, C, D)]   # the kernels take one dtype
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in args)):
+        chunk = max(x.shape[1], 1)    # no backward will run: one checkpoint (the zero state), not L / chunk
     y, h_last, _ = selective_scan(*args, chunk)
     return (y, h_last) if return_state else y

@@ -1,6 +1,8 @@
 """Tile products for the attention kernels: small matrix products whose sums stay in registers.
 
     matmul_bt(a, b, out, n, m, k, accumulate)    out[:n, :m] (+)= a[:n, :k] @ b[:m, :k].T
+    matmul(a, b, out, n, m, k, accumulate)       out[:n, :m] (+)= a[:n, :k] @ b[:k, :m]
+    matmul(a, b, out, n, m, k, accumulate, True)     the same with a[:k, :n].T in place of a
     transpose(a, out, n, m)                      out[:m, :n] = a[:n, :m].T
     row_max(row, n, start)                       max(start, row[0], ..., row[n - 1]), in 8 running maxes
 
@@ -21,8 +23,17 @@ Every array must be C-contiguous: slicing the leading rows (`k[h, j0:]`) keeps a
 slicing columns does not, and a non-contiguous view makes the same loop about 6x slower (LLVM cannot
 assume that consecutive x are neighbours in memory). That is why the sizes n, m, k are arguments:
 the callers keep whole buffers and say how much of each to use.
-A product that needs a.T or b.T (P V needs V^T, P^T dO in the backward needs P^T) gets it from
-`transpose` first: moving n * m numbers costs far less than the n * m * k multiply-adds of the product.
+A product that needs a.T or b.T (P^T dO in the backward needs P^T) gets it from `transpose` first:
+moving n * m numbers costs far less than the n * m * k multiply-adds of the product.
+
+The other way round: `matmul`. matmul_bt ends every dot product by adding up its vector's lanes (a few
+shuffles and adds for each number of out), which costs little when the sum is long (k = 256) and a lot
+when it is as short as a head (k = 64: 4 to 8 vector multiply-adds per number, then the lane sum). `matmul`
+vectorizes along a row of out instead: out[i, j:j+8] += a[i, x] * b[x, j:j+8], one number of a times
+a row of b, so no lanes are ever added up. It needs b's rows contiguous, and a's numbers one at a time:
+4 rows of out times 4 steps of the sum hold 16 numbers of a in registers, and each pass over the row
+loads 4 vectors of b and 4 of out, for 16 multiply-adds, and stores 4. With a_t = True it reads a
+transposed, a[x, i] for a[i, x], so that P^T V needs no copy of P.
 """
 
 import numba
@@ -60,6 +71,55 @@ def matmul_bt(a, b, out, n, m, k, accumulate):
     for r in range(n4, n):                          # the last n % 4 rows of a
         for j in range(m):
             _dot_into(a, b, out, r, j, k, accumulate)
+
+
+@numba.njit(fastmath=FASTMATH, cache=True)
+def matmul(a, b, out, n, m, k, accumulate, a_t=False):
+    """out[:n, :m] = A @ b[:k, :m], or += when accumulate, where A is a[:n, :k], or a[:k, :n].T when a_t.
+    All three C-contiguous 2-D arrays."""
+    n4, k4 = n - n % 4, k - k % 4
+    for i in range(0, n4, 4):                       # blocks of 4 rows of out ...
+        if not accumulate:                          # zeroed block by block, while its rows are in the cache
+            for r in range(i, i + 4):
+                for j in range(m):
+                    out[r, j] = 0
+        for x in range(0, k4, 4):                   # ... and 4 steps of the sum: 16 numbers of A
+            a00, a01, a02, a03 = _four(a, i, x, a_t)
+            a10, a11, a12, a13 = _four(a, i + 1, x, a_t)
+            a20, a21, a22, a23 = _four(a, i + 2, x, a_t)
+            a30, a31, a32, a33 = _four(a, i + 3, x, a_t)
+            for j in range(m):                      # vectorized along the rows of b and out
+                b0, b1, b2, b3 = b[x, j], b[x + 1, j], b[x + 2, j], b[x + 3, j]
+                out[i, j] += a00 * b0 + a01 * b1 + a02 * b2 + a03 * b3
+                out[i + 1, j] += a10 * b0 + a11 * b1 + a12 * b2 + a13 * b3
+                out[i + 2, j] += a20 * b0 + a21 * b1 + a22 * b2 + a23 * b3
+                out[i + 3, j] += a30 * b0 + a31 * b1 + a32 * b2 + a33 * b3
+        for r in range(i, i + 4):                   # the last k % 4 steps of the sum
+            _row_into(a, b, out, r, k4, k, m, a_t)
+    for r in range(n4, n):                          # the last n % 4 rows of out
+        if not accumulate:
+            for j in range(m):
+                out[r, j] = 0
+        _row_into(a, b, out, r, 0, k, m, a_t)
+
+
+@numba.njit(inline="always")
+def _at(a, i, x, a_t):
+    return a[x, i] if a_t else a[i, x]
+
+
+@numba.njit(inline="always")
+def _four(a, i, x, a_t):
+    """A[i, x .. x + 3]: four numbers of row i of A, which is a or a.T."""
+    return _at(a, i, x, a_t), _at(a, i, x + 1, a_t), _at(a, i, x + 2, a_t), _at(a, i, x + 3, a_t)
+
+
+@numba.njit(fastmath=FASTMATH, inline="always")
+def _row_into(a, b, out, i, x0, x1, m, a_t):
+    for x in range(x0, x1):
+        ax = _at(a, i, x, a_t)
+        for j in range(m):
+            out[i, j] += ax * b[x, j]
 
 
 @numba.njit(fastmath=FASTMATH, inline="always")
