@@ -195,6 +195,56 @@ def test_conv2d_input_grad_rejects(wrong, hint):
     expect_failure(check.conv2d_input_grad, wrong, match=hint)
 
 
+def im2col_by_unfold(x, kh, kw, stride=1, padding=0, dilation=1):
+    return torch.nn.Unfold((kh, kw), dilation=dilation, padding=padding, stride=stride)(x)
+
+
+def conv_by_conv2d(x, w, b, stride=1, padding=0, dilation=1):
+    return F.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation)
+
+
+def wgrad_by_autograd(x, dy, w_shape, stride=1, padding=0, dilation=1):
+    w = torch.zeros(w_shape, dtype=x.dtype, requires_grad=True)
+    return torch.autograd.grad(conv.conv2d_im2col(x, w, None, stride, padding, dilation), w, dy)[0]
+
+
+def wgrad_by_torch_grad(x, dy, w_shape, stride=1, padding=0, dilation=1):
+    return torch.nn.grad.conv2d_weight(x, w_shape, dy, stride=stride, padding=padding, dilation=dilation)
+
+
+def igrad_by_fold(dy, w, x_shape, stride=1, padding=0, dilation=1):
+    N, C, H, W = x_shape
+    O, _, kh, kw = w.shape
+    dcols = w.reshape(O, -1).t() @ dy.reshape(N, O, -1)
+    return F.fold(dcols, (H, W), (kh, kw), dilation=dilation, padding=padding, stride=stride)
+
+
+@pytest.mark.parametrize("exercise, wrong, oracle", [
+    (check.im2col, im2col_by_unfold, "F.unfold"),
+    (check.conv2d_forward, conv_by_conv2d, "F.conv2d"),
+    (check.conv2d_weight_grad, wgrad_by_autograd, "torch.autograd.grad"),
+    (check.conv2d_weight_grad, wgrad_by_torch_grad, "torch.nn.grad"),
+    (check.conv2d_input_grad, igrad_by_fold, "F.fold"),
+])
+def test_an_answer_that_calls_the_oracle_is_refused(exercise, wrong, oracle):
+    """Right values, because they are PyTorch's own: the exercise is to compute them."""
+    expect_failure(exercise, wrong, match=oracle)
+
+
+def conv_by_unfold(x, w, b, stride=1, padding=0, dilation=1):
+    """Correct, written another way: F.unfold in place of the learner's im2col (the previous exercise)."""
+    cols = F.unfold(x, w.shape[2:], dilation=dilation, padding=padding, stride=stride)
+    N, H, W = x.shape[0], x.shape[2], x.shape[3]
+    OH = (H + 2 * padding - dilation * (w.shape[2] - 1) - 1) // stride + 1
+    OW = (W + 2 * padding - dilation * (w.shape[3] - 1) - 1) // stride + 1
+    return (w.reshape(w.shape[0], -1) @ cols + b[:, None]).reshape(N, w.shape[0], OH, OW)
+
+
+def test_conv2d_forward_may_use_unfold_for_its_columns(capsys):
+    check.conv2d_forward(conv_by_unfold)
+    assert "passed" in capsys.readouterr().out
+
+
 def test_stub_is_reported_as_not_implemented():
     def stub(*args, **kwargs):
         raise NotImplementedError

@@ -7,6 +7,7 @@ import itertools
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from course_lib.checks import CheckFailed, assert_close, exercise, require, rng
 
@@ -117,6 +118,38 @@ def custom_op(your_register_bias_relu):
     return "2 random shapes and torch.library.opcheck"
 
 
+# PyTorch's functions that compute what an exercise asks, by the name TorchFunctionMode sees: the oracles.
+ORACLES = {"unfold": "F.unfold", "fold": "F.fold", "conv2d": "F.conv2d", "conv_transpose2d": "F.conv_transpose2d",
+           "convolution": "torch.convolution", "convolution_backward": "torch.nn.grad's conv2d gradients",
+           "grad": "torch.autograd.grad", "backward": "autograd's backward"}
+
+
+class _TorchCalls(TorchFunctionMode):
+    """Notes the name of every torch function called while it is active (tensors' methods included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(getattr(func, "__name__", ""))
+        return func(*args, **(kwargs or {}))
+
+
+def _by_hand(call, name, allowed=()):
+    """call()'s result, refused if it called one of PyTorch's ORACLES (other than `allowed`): the values
+    would match because they are the check's own."""
+    with _TorchCalls() as calls:
+        result = call()
+    used = [ORACLES[n] for n in ORACLES if n in calls.names and n not in allowed]
+    if used:
+        raise CheckFailed(f"your {name} calls {', '.join(used)}, which computes the answer for you: the check's "
+                          f"oracle, so its values match whatever the exercise teaches.\n  hint: the exercise is "
+                          f"to compute it from indexing, padding and matmul (lesson 08, sections 7 and 8: a window as "
+                          f"a column, and the backward derived from it); PyTorch's is the check's, for comparing.")
+    return result
+
+
 def _unfold_hint(yours, x, kh, kw, c):
     """Name the mistake when the shape of im2col's result gives it away."""
     yours = yours.reshape(yours.shape[0], -1, yours.shape[-2] * yours.shape[-1]) if yours.dim() == 4 else yours
@@ -139,7 +172,7 @@ def im2col(your_im2col):
         xs, ws, c = _conv_case(rich=i == 0) if i < 4 else FIXED_CASE
         x = _t(xs)
         kh, kw = ws[2:]
-        yours = your_im2col(x, kh, kw, **c)
+        yours = _by_hand(lambda: your_im2col(x, kh, kw, **c), "im2col")
         expected = F.unfold(x, (kh, kw), **c)
         if hasattr(yours, "shape") and tuple(yours.shape) != tuple(expected.shape):
             raise CheckFailed(f"im2col's result has the wrong shape: yours {tuple(yours.shape)}, expected "
@@ -170,7 +203,7 @@ def conv2d_forward(your_conv2d_forward):
     for i in range(5):
         xs, ws, c = _conv_case(rich=i == 0) if i < 4 else FIXED_CASE
         x, w, b = _t(xs), _t(ws), _t(ws[0])
-        yours = your_conv2d_forward(x, w, b, **c)
+        yours = _by_hand(lambda: your_conv2d_forward(x, w, b, **c), "conv2d_forward", allowed=("unfold",))
         expected = F.conv2d(x, w, b, **c)
         if hasattr(yours, "shape") and tuple(yours.shape) != tuple(expected.shape):
             raise CheckFailed(f"conv2d's output has the wrong shape: yours {tuple(yours.shape)}, expected "
@@ -194,7 +227,7 @@ def conv2d_weight_grad(your_conv2d_weight_grad):
     for i in range(4):
         xs, ws, c = _conv_case(rich=i == 0)
         x, w, dy, _, dw = _conv_grads(xs, ws, c)
-        yours = your_conv2d_weight_grad(x, dy, ws, **c)
+        yours = _by_hand(lambda: your_conv2d_weight_grad(x, dy, ws, **c), "conv2d_weight_grad", allowed=("unfold",))
         wr = w.clone().requires_grad_(True)
         dw_first = torch.autograd.grad(F.conv2d(x[:1], wr, None, **c), wr, dy[:1])[0]
         wf = w.clone().requires_grad_(True)
@@ -217,7 +250,7 @@ def conv2d_input_grad(your_conv2d_input_grad):
     for i in range(4):
         xs, ws, c = _conv_case(rich=i == 0)
         x, w, dy, dx, _ = _conv_grads(xs, ws, c)
-        yours = your_conv2d_input_grad(dy, w, xs, **c)
+        yours = _by_hand(lambda: your_conv2d_input_grad(dy, w, xs, **c), "conv2d_input_grad", allowed=("unfold",))
         if hasattr(yours, "shape") and tuple(yours.shape) != tuple(xs):
             p = c["padding"]
             hint = ("crop the padding off: return the [p:p+H, p:p+W] part of the padded gradient"
