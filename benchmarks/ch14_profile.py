@@ -49,8 +49,9 @@ BLOCK = bench.BLOCK
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
 def paged_attention_by_block(q, k_cache, v_cache, block_tables, context_lens, out, scale):
-    """A sketch of a faster decode kernel (not the course's): a block's scores first, then one max, one
-    rescale and its exponentials, instead of a comparison and a possible rescale at every position."""
+    """The first step of the course's kernel: still one task per (query, head), but a block's scores first,
+    then one max, one rescale and its exponentials, instead of a comparison and a possible rescale at every
+    position."""
     N, H, d = q.shape
     bs = k_cache.shape[1]
     for task in prange(N * H):
@@ -79,6 +80,36 @@ def paged_attention_by_block(q, k_cache, v_cache, block_tables, context_lens, ou
                 total += w
                 for c in range(d):
                     acc[c] += w * v_cache[block, o, h, c]
+        for c in range(d):
+            out[i, h, c] = acc[c] / total
+
+
+@numba.njit(parallel=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, cache=True)
+def paged_attention_per_head(q, k_cache, v_cache, block_tables, context_lens, out, scale):
+    """The course's kernel before it took all heads of a query in one task: one task per (query, head), each
+    position folded into the online softmax on its own (a comparison, a possible rescale, an exponential)."""
+    N, H, d = q.shape
+    bs = k_cache.shape[1]
+    for task in prange(N * H):
+        i, h = task // H, task % H
+        acc = np.zeros(d, q.dtype)
+        m, total = -np.inf, q.dtype.type(0)
+        for p in range(context_lens[i]):
+            block, offset = block_tables[i, p // bs], p % bs
+            s = q.dtype.type(0)
+            for c in range(d):
+                s += q[i, h, c] * k_cache[block, offset, h, c]
+            s *= scale
+            if s > m:
+                r = np.exp(m - s)
+                total *= r
+                for c in range(d):
+                    acc[c] *= r
+                m = s
+            w = np.exp(s - m)
+            total += w
+            for c in range(d):
+                acc[c] += w * v_cache[block, offset, h, c]
         for c in range(d):
             out[i, h, c] = acc[c] / total
 
@@ -221,8 +252,14 @@ def profile_throughput(pair, trace, blocks):
     out2 = np.empty_like(q)
     paged_attention_by_block(q, kc, vc, tables, lens, out2, scale)
     assert np.allclose(out2, out, atol=1e-4)
-    ms = compare({"paged kernel": lambda: paged_attention(q, kc, vc, tables, lens, out, scale),
-                  "paged, a block's scores at once (sketch)": lambda: paged_attention_by_block(
+    out3 = np.empty_like(q)
+    paged_attention_per_head(q, kc, vc, tables, lens, out3, scale)
+    assert np.allclose(out3, out, atol=1e-4)
+    ms = compare({"paged kernel (the course's: a task per query, all its heads)": lambda: paged_attention(
+                      q, kc, vc, tables, lens, out, scale),
+                  "paged, a task per (query, head), position by position (the course's before)": lambda:
+                      paged_attention_per_head(q, kc, vc, tables, lens, out3, scale),
+                  "paged, a task per (query, head), a block's scores at once": lambda: paged_attention_by_block(
                       q, kc, vc, tables, lens, out2, scale),
                   "numpy batched matmul on contiguous K, V": blas_attention}, rounds=7)
     for name, t in ms.items():

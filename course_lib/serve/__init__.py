@@ -2,7 +2,7 @@
 
 - `sequence`         a request as the engine sees it (tokens, how many are cached, when it is done)
 - `blocks`           the KV cache's blocks, block tables, reference counts and shared prefixes
-- `paged_attention`  attention read through the block tables, one Numba task per (query, head)
+- `paged_attention`  attention read through the block tables, one Numba task per query, all its heads
 - `scheduler`        continuous batching: retire, preempt the newest, admit, at every step
 - `acceptance`       speculative sampling's acceptance rule
 - `int8`             per-channel int8 weights and a product that dequantizes as it reads
