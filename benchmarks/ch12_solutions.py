@@ -52,13 +52,14 @@ def execute_as_learner(notebook, passed, keep=None, timeout=900):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def main():
+def main(notebook=ROOT / "solutions" / "12_capstone.ipynb", passed=CARRIED):
+    """The command line: run `notebook` (a solutions notebook) as a learner who passed the chapters `passed`."""
     p = argparse.ArgumentParser()
-    p.add_argument("notebook", nargs="?", default=str(ROOT / "solutions" / "12_capstone.ipynb"))
+    p.add_argument("notebook", nargs="?", default=str(notebook))
     p.add_argument("--keep", help="a folder to keep the workspace in (default: a temporary one, removed)")
     p.add_argument("--timeout", type=int, default=900)
     args = p.parse_args()
-    execute_as_learner(args.notebook, CARRIED, args.keep, args.timeout)
+    execute_as_learner(args.notebook, passed, args.keep, args.timeout)
 
 
 if __name__ == "__main__":

@@ -13,23 +13,12 @@ metadata dropped, as `course execute` does). A few minutes on 2 idle cores.
     python benchmarks/ch13_solutions.py --keep /tmp/work      # and keep the workspace there
 """
 
-import argparse
 from pathlib import Path
 
-from ch12_solutions import execute_as_learner
+import ch12_solutions
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSED = ("01", "02", "06", "12")     # what chapter 13's payoff runs of the learner's, besides chapter 13
 
-
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("notebook", nargs="?", default=str(ROOT / "solutions" / "13_compiler.ipynb"))
-    p.add_argument("--keep", help="a folder to keep the workspace in (default: a temporary one, removed)")
-    p.add_argument("--timeout", type=int, default=900)
-    args = p.parse_args()
-    execute_as_learner(args.notebook, PASSED, args.keep, args.timeout)
-
-
 if __name__ == "__main__":
-    main()
+    ch12_solutions.main(ROOT / "solutions" / "13_compiler.ipynb", PASSED)

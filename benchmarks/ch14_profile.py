@@ -36,7 +36,7 @@ from numba import prange  # noqa: E402
 
 from course_lib.serve.acceptance import accept  # noqa: E402
 from course_lib.serve.engine import Engine  # noqa: E402
-from course_lib.serve.int8 import int8_matmul, quantize  # noqa: E402
+from course_lib.serve.int8 import int8_matmul, output_channel, quantize  # noqa: E402
 from course_lib.serve.model import PagedGPT  # noqa: E402
 from course_lib.serve.models import load_pair  # noqa: E402
 from course_lib.serve.paged_attention import paged_attention  # noqa: E402
@@ -386,14 +386,9 @@ def profile_speculative(pair, trace, k):
 
 @numba.njit(fastmath=True, cache=True)
 def int8_matmul_one_thread(x, q, scale, out):
-    """int8_matmul's loops on one thread: no parallel launch."""
-    n, k = x.shape
+    """int8_matmul's loops on one thread, whatever the size: no parallel launch."""
     for j in range(q.shape[0]):
-        for i in range(n):
-            acc = np.float32(0.0)
-            for c in range(k):
-                acc += x[i, c] * np.float32(q[j, c])
-            out[i, j] = acc * scale[j]
+        output_channel(x, q, scale, out, j)
 
 
 @numba.njit(parallel=True, cache=True)

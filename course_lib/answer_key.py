@@ -201,7 +201,8 @@ CH14 = {
     "paged_attention": "course_lib.serve.paged_attention:paged_attention",
     "schedule": "course_lib.serve.scheduler:schedule",
     "speculative_accept": "course_lib.serve.acceptance:accept",
-    "int8_linear": ("course_lib.serve.int8:quantize", "course_lib.serve.int8:int8_matmul"),
+    "int8_linear": ("course_lib.serve.int8:quantize", "course_lib.serve.int8:int8_matmul",
+                    "course_lib.serve.int8:output_channel"),
 }
 
 ANSWERS = {chapter: table for chapter, table in (

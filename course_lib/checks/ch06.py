@@ -152,10 +152,7 @@ class _Probe:
 
     def run(self, *args):
         """Runs the kernel; False when its source cannot run as plain Python (then the probe says nothing)."""
-        py = getattr(self.kernel, "py_func", self.kernel)
-        scope = dict(py.__globals__)
-        scope.update({name: self.prange for name, value in scope.items() if value is numba.prange})
-        copy = types.FunctionType(py.__code__, scope, py.__name__, py.__defaults__, py.__closure__)
+        copy = AsPython({numba.prange: self.prange}).function(self.kernel, top=True)
         try:
             with np.errstate(all="ignore"):
                 copy(*args)
